@@ -1,0 +1,489 @@
+//! `Cluster`: one business cluster's control plane, run as Pods in the
+//! meta-cluster by the kube-on-kube-operator.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaimSpec, ResourceRequirements,
+    Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::shared::{DNS_SUBDOMAIN_PATTERN, DURATION_PATTERN, VERSION_PATTERN};
+
+/// The desired control plane of one business cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "kubeonkube.io",
+    version = "v1alpha1",
+    kind = "Cluster",
+    namespaced,
+    status = "ClusterStatus",
+    shortname = "kc",
+    category = "kok",
+    doc = "A business Kubernetes cluster whose control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and add-ons) runs as Pods in this meta-cluster.",
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version", description = "Kubernetes version of the control plane"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Etcd", type_ = "string", json_path = ".status.components.etcd.ready", description = "ready/desired etcd members"),
+    printcolumn(name = "APIServer", type_ = "string", json_path = ".status.components.apiServer.ready", description = "ready/desired kube-apiserver replicas"),
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSpec {
+    /// Kubernetes version of kube-apiserver, kube-controller-manager and
+    /// kube-scheduler, without a leading `v` (for example `1.35.4`). Changing it
+    /// upgrades the control plane; an upgrade may move at most one minor version.
+    #[schemars(length(min = 5, max = 32), regex(pattern = VERSION_PATTERN))]
+    #[x_kube(
+        validation = Rule::new("self.split('.')[0] == oldSelf.split('.')[0]").message("the Kubernetes major version cannot change"),
+        validation = Rule::new("int(self.split('.')[1]) <= int(oldSelf.split('.')[1]) + 1").message("a Kubernetes upgrade may not skip a minor version: upgrade one minor version at a time (for example 1.34.x to 1.35.x, then 1.36.x)"),
+        validation = Rule::new("int(self.split('.')[1]) >= int(oldSelf.split('.')[1])").message("downgrading the Kubernetes minor version is not supported")
+    )]
+    pub version: String,
+
+    /// `Production` runs three replicas of every component (three etcd members),
+    /// `Minimal` runs one of each. Changing it scales etcd one member at a time.
+    #[serde(default)]
+    pub mode: ClusterMode,
+
+    /// Which meta-cluster nodes host this cluster's control-plane Pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+
+    /// The etcd members that store this cluster's state.
+    pub etcd: EtcdSpec,
+
+    /// kube-apiserver settings and how it is exposed.
+    #[serde(default)]
+    pub api_server: ApiServerSpec,
+
+    /// kube-controller-manager settings.
+    #[serde(default)]
+    pub controller_manager: ComponentSpec,
+
+    /// kube-scheduler settings.
+    #[serde(default)]
+    pub scheduler: ComponentSpec,
+
+    /// The business cluster's networks.
+    #[serde(default)]
+    pub network: NetworkSpec,
+
+    /// Validity and renewal of the leaf certificates.
+    #[serde(default)]
+    pub certificates: CertificatesSpec,
+
+    /// Additional users; each gets a client certificate with the given groups and
+    /// a kubeconfig Secret named `<cluster>-kubeconfig-<user>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub extra_users: Vec<ExtraUser>,
+
+    /// Add-ons applied into the business cluster once its API answers, in
+    /// addition to the built-in ones (bootstrap RBAC, kube-proxy, CoreDNS,
+    /// node-operator).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub addons: Vec<Addon>,
+
+    /// While true the operator makes no change to this cluster's objects; status
+    /// is still reported.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// How many replicas of each component run.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ClusterMode {
+    /// Three etcd members and three replicas of every other component.
+    #[default]
+    Production,
+    /// One of everything: for CI and development.
+    Minimal,
+}
+
+impl ClusterMode {
+    /// Replicas of every component (and etcd members) in this mode.
+    pub fn replicas(self) -> i32 {
+        match self {
+            ClusterMode::Production => 3,
+            ClusterMode::Minimal => 1,
+        }
+    }
+}
+
+/// Meta-cluster nodes that may run the control plane.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Node labels every control-plane Pod's node must have.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations added to every control-plane Pod, for dedicated nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+/// Settings shared by every control-plane component.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentSpec {
+    /// Container image; by default the one the operator pairs with the version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+    /// Version of this component when it differs from the cluster's (for
+    /// example to try a patch release of one component only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 5, max = 32), regex(pattern = VERSION_PATTERN))]
+    pub version: Option<String>,
+    /// Extra command-line flags, `flag-name: value` without the leading dashes.
+    /// They override the operator's own flags of the same name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra_args: BTreeMap<String, String>,
+    /// Compute resources of the component's container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// etcd settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpec {
+    /// Image, version, flags and resources of every member.
+    #[serde(flatten)]
+    pub component: ComponentSpec,
+    /// Where each member keeps its data. Cannot change after creation.
+    pub storage: EtcdStorage,
+}
+
+/// Exactly one of `claimTemplate` or `volumeSource`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.claimTemplate) != has(self.volumeSource)").message("set exactly one of etcd.storage.claimTemplate or etcd.storage.volumeSource"),
+    validation = Rule::new("self == oldSelf").message("etcd storage cannot be changed after the cluster is created")
+)]
+pub struct EtcdStorage {
+    /// A PersistentVolumeClaim is created from this spec for every member; a
+    /// replaced member gets a fresh claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_template: Option<PersistentVolumeClaimSpec>,
+    /// A volume every member gets without a claim: `emptyDir` for throw-away
+    /// clusters, or `hostPath` on dedicated nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_source: Option<EtcdVolumeSource>,
+}
+
+/// A volume without a claim. Exactly one of `emptyDir` or `hostPath`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.emptyDir) != has(self.hostPath)").message("set exactly one of volumeSource.emptyDir or volumeSource.hostPath"))]
+pub struct EtcdVolumeSource {
+    /// Storage that lives as long as the member's Pod: a replaced Pod starts
+    /// empty and rejoins as a new member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDirVolumeSource>,
+    /// A directory on the node; each member uses a subdirectory named after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<HostPathVolumeSource>,
+}
+
+/// kube-apiserver settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiServerSpec {
+    /// Image, version, flags and resources.
+    #[serde(flatten)]
+    pub component: ComponentSpec,
+    /// How kubelets and users outside the meta-cluster reach the API. The other
+    /// control-plane components always use an internal ClusterIP Service.
+    #[serde(default)]
+    pub external: ExternalAccess,
+}
+
+/// The external Service in front of kube-apiserver.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.nodePort) || self.type == 'NodePort'").message("nodePort can only be set when type is NodePort")
+)]
+pub struct ExternalAccess {
+    /// Service type of the external endpoint.
+    #[serde(rename = "type", default)]
+    pub type_: ExposureType,
+    /// Port of the external Service.
+    #[serde(default = "default_api_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Fixed node port when `type` is `NodePort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30000, max = 32767))]
+    pub node_port: Option<i32>,
+    /// DNS names users and kubelets use for the API (added to the serving
+    /// certificate; the first one becomes the endpoint in kubeconfigs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN)))]
+    pub dns_names: Vec<String>,
+    /// IP addresses users and kubelets use for the API (added to the serving
+    /// certificate), for example a load balancer's address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 2, max = 45)))]
+    #[x_kube(validation = Rule::new("self.all(a, isIP(a))").message("every external address must be an IPv4 or IPv6 address"))]
+    pub addresses: Vec<String>,
+}
+
+impl Default for ExternalAccess {
+    fn default() -> Self {
+        Self {
+            type_: ExposureType::default(),
+            port: default_api_port(),
+            node_port: None,
+            dns_names: Vec::new(),
+            addresses: Vec::new(),
+        }
+    }
+}
+
+fn default_api_port() -> i32 {
+    6443
+}
+
+/// Service type used to expose kube-apiserver.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ExposureType {
+    /// Reachable inside the meta-cluster only (or through the DNS names given).
+    #[default]
+    ClusterIP,
+    /// A port on every meta-cluster node.
+    NodePort,
+    /// A cloud or bare-metal load balancer.
+    LoadBalancer,
+}
+
+/// The business cluster's networks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.serviceCIDR == oldSelf.serviceCIDR").message("network.serviceCIDR cannot be changed after the cluster is created"),
+    validation = Rule::new("self.podCIDR == oldSelf.podCIDR").message("network.podCIDR cannot be changed after the cluster is created")
+)]
+pub struct NetworkSpec {
+    /// CIDR of Service ClusterIPs. Its first address becomes the `kubernetes`
+    /// Service and its tenth CoreDNS.
+    #[serde(rename = "serviceCIDR", default = "default_service_cidr")]
+    #[schemars(length(min = 9, max = 49))]
+    #[x_kube(validation = Rule::new("isCIDR(self)").message("network.serviceCIDR must be a CIDR such as 10.96.0.0/12"))]
+    pub service_cidr: String,
+    /// CIDR Pod addresses are allocated from (per-node ranges are cut from it).
+    #[serde(rename = "podCIDR", default = "default_pod_cidr")]
+    #[schemars(length(min = 9, max = 49))]
+    #[x_kube(validation = Rule::new("isCIDR(self)").message("network.podCIDR must be a CIDR such as 10.244.0.0/16"))]
+    pub pod_cidr: String,
+    /// DNS domain of the business cluster.
+    #[serde(default = "default_dns_domain")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub dns_domain: String,
+}
+
+impl Default for NetworkSpec {
+    fn default() -> Self {
+        Self {
+            service_cidr: default_service_cidr(),
+            pod_cidr: default_pod_cidr(),
+            dns_domain: default_dns_domain(),
+        }
+    }
+}
+
+fn default_service_cidr() -> String {
+    "10.96.0.0/12".into()
+}
+fn default_pod_cidr() -> String {
+    "10.244.0.0/16".into()
+}
+fn default_dns_domain() -> String {
+    "cluster.local".into()
+}
+
+/// Certificate lifetimes. CAs live ten years; leaf certificates as given here.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("duration(self.renewBefore) < duration(self.validity)").message("certificates.renewBefore must be shorter than certificates.validity")
+)]
+pub struct CertificatesSpec {
+    /// Lifetime of every leaf certificate, as a duration (`8760h` is a year).
+    #[serde(default = "default_validity")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10m')").message("certificates.validity must be at least 10m"))]
+    pub validity: String,
+    /// A leaf certificate is renewed when less than this remains.
+    #[serde(default = "default_renew_before")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub renew_before: String,
+}
+
+impl Default for CertificatesSpec {
+    fn default() -> Self {
+        Self {
+            validity: default_validity(),
+            renew_before: default_renew_before(),
+        }
+    }
+}
+
+fn default_validity() -> String {
+    "8760h".into()
+}
+fn default_renew_before() -> String {
+    "720h".into()
+}
+
+/// A user who gets a client certificate and kubeconfig for the business cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtraUser {
+    /// User name (the certificate's common name).
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Groups (the certificate's organizations), for example `system:masters`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 253)))]
+    pub groups: Vec<String>,
+}
+
+/// One add-on to apply into the business cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Addon {
+    /// Name of a registered add-on template (built-in: `bootstrap`,
+    /// `kube-proxy`, `coredns`, `node-operator`; others from ConfigMaps labelled
+    /// `kubeonkube.io/addon-template`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// Template version to use.
+    #[schemars(length(min = 5, max = 32), regex(pattern = VERSION_PATTERN))]
+    pub version: String,
+    /// Values the template is rendered with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub values: Option<serde_json::Value>,
+    /// Set false to remove a built-in add-on.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Observed state of a Cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// One-word summary of the cluster's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClusterPhase>,
+    /// EtcdReady, APIServerReady, ControllerManagerReady, SchedulerReady,
+    /// AddonsReady, CertificatesReady and Ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Version and replica counts of every component.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub components: Option<ComponentStatuses>,
+    /// etcd members as the etcd API reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub etcd_members: Vec<EtcdMemberStatus>,
+    /// URL of the business cluster's API for users and kubelets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Secret (in the Cluster's namespace) holding the admin kubeconfig, key
+    /// `kubeconfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_kubeconfig_secret: Option<String>,
+    /// Earliest expiry among the leaf certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates_expire_at: Option<Time>,
+}
+
+/// One-word summary of a Cluster's state.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ClusterPhase {
+    /// Accepted; nothing created yet.
+    Pending,
+    /// Creating the control plane for the first time.
+    Provisioning,
+    /// Every component is ready at the desired version.
+    Running,
+    /// Rolling components to a new version or configuration.
+    Upgrading,
+    /// Some component is not ready; the operator is repairing it.
+    Degraded,
+    /// The spec cannot be applied; see the conditions.
+    Failed,
+    /// `spec.paused` is true.
+    Paused,
+}
+
+/// Per-component status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatuses {
+    pub etcd: ComponentStatus,
+    pub api_server: ComponentStatus,
+    pub controller_manager: ComponentStatus,
+    pub scheduler: ComponentStatus,
+}
+
+/// Version and replica counts of one component.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatus {
+    /// Version every ready replica runs (empty while a rollout mixes versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Replicas the mode asks for.
+    pub desired_replicas: i32,
+    /// Replicas that pass their readiness probe.
+    pub ready_replicas: i32,
+    /// `ready/desired`, for printing.
+    pub ready: String,
+}
+
+/// One etcd member.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdMemberStatus {
+    /// Member name (also its Pod's and headless Service's name).
+    pub name: String,
+    /// Member ID in hexadecimal, as etcdctl prints it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Peer URL (the member's headless Service DNS name).
+    pub peer_url: String,
+    /// Whether the member answered its health check.
+    pub healthy: bool,
+    /// Whether the member is a learner not yet promoted to voter.
+    #[serde(default)]
+    pub learner: bool,
+}

@@ -1,0 +1,1 @@
+//! Locating the upstream binaries.

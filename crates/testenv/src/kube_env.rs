@@ -1,0 +1,1 @@
+//! etcd + kube-apiserver (+ controller-manager, scheduler, kwok).

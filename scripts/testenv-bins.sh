@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Builds the upstream binaries the test environment runs (kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd, etcdctl, kwok,
+# helm) from their Go modules and caches them outside the repository.
+#
+# Idempotent: when every binary for the pinned versions is already in the cache,
+# it prints the directory and exits without building.
+#
+#   scripts/testenv-bins.sh          # build if needed, print the bin directory
+#   KOK_TESTENV_DIR=/some/dir scripts/testenv-bins.sh
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.35.4}
+ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+
+root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
+dir="$root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
+bin="$dir/bin"
+wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd etcdctl kwok helm)
+
+have_all() {
+  local b
+  for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || return 1; done
+}
+
+if have_all; then
+  echo "$bin"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "go is required to build the test binaries" >&2; exit 1; }
+mkdir -p "$bin" "$dir/src"
+start=$(date +%s)
+log() { echo "[testenv-bins] $*" >&2; }
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+
+# --- Kubernetes -------------------------------------------------------------
+# k8s.io/kubernetes uses replace directives for its staging modules, which `go
+# install` refuses. A wrapper module requires it and replaces every staging module
+# with its published v0.x release of the same patch.
+build_kubernetes() {
+  local need=0 b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+    [ -x "$bin/$b" ] || need=1
+  done
+  [ $need = 1 ] || return 0
+  local src="$dir/src/kubernetes" staging="v0.${K8S_VERSION#v1.}"
+  mkdir -p "$src"
+  log "reading the staging module list of k8s.io/kubernetes@$K8S_VERSION"
+  local gomod
+  gomod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo "module kube-on-kube.test/k8s-bins"
+    echo
+    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/' "$gomod" \
+      | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
+  } >"$src/go.mod"
+  cat >"$src/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+  (cd "$src" && go mod tidy >&2)
+  local pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  local ld="-s -w"
+  for p in $pkg $cg; do
+    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=$date -X $p.gitCommit=0000000000000000000000000000000000000000"
+  done
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+    [ -x "$bin/$b" ] && continue
+    log "building $b $K8S_VERSION"
+    (cd "$src" && go build -trimpath -ldflags "$ld" -o "$bin/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$bin/$b.tmp" "$bin/$b")
+  done
+}
+
+# --- etcd -------------------------------------------------------------------
+# etcd's own go.mod has replace directives too: one-line mains in a wrapper.
+build_etcd() {
+  [ -x "$bin/etcd" ] && [ -x "$bin/etcdctl" ] && return 0
+  local src="$dir/src/etcd"
+  mkdir -p "$src/etcd" "$src/etcdctl"
+  cat >"$src/go.mod" <<GOMOD
+module kube-on-kube.test/etcd-bins
+
+go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')
+
+require (
+	go.etcd.io/etcd/server/v3 $ETCD_VERSION
+	go.etcd.io/etcd/etcdctl/v3 $ETCD_VERSION
+)
+GOMOD
+  cat >"$src/etcd/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  cat >"$src/etcdctl/main.go" <<'GO'
+package main
+
+import "go.etcd.io/etcd/etcdctl/v3/ctlv3"
+
+func main() { ctlv3.MustStart() }
+GO
+  (cd "$src" && go mod tidy >&2)
+  local v=go.etcd.io/etcd/api/v3/version
+  log "building etcd and etcdctl $ETCD_VERSION"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/etcd" ./etcd && go build -trimpath -ldflags "-s -w" -o "$bin/etcdctl" ./etcdctl)
+}
+
+build_install() { # name module-path version
+  [ -x "$bin/$1" ] && return 0
+  log "building $1 $3"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w" "$2@$3"
+}
+
+build_etcd
+build_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
+build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+build_kubernetes
+
+have_all || { echo "some binaries are missing in $bin" >&2; exit 1; }
+took=$(( $(date +%s) - start ))
+log "built in ${took}s; $(du -sh "$bin" | cut -f1) in $bin"
+echo "$took" >"$dir/build-seconds"
+echo "$bin"
