@@ -22,11 +22,20 @@ use crate::shared::DURATION_PATTERN;
     category = "kok",
     doc = "Rolls target PackageVersions to the Machines its selector picks, batch by batch, with health gates between batches, a failure budget that halts it, rollback and promotion to the cluster default.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Batch", type_ = "string", json_path = ".status.batchProgress", description = "current/total batches"),
+    printcolumn(
+        name = "Batch",
+        type_ = "string",
+        json_path = ".status.batchProgress",
+        description = "current/total batches"
+    ),
     printcolumn(name = "Succeeded", type_ = "integer", json_path = ".status.succeeded"),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failed"),
     printcolumn(name = "Selected", type_ = "integer", json_path = ".status.selected"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CanaryReleaseSpec {

@@ -25,14 +25,37 @@ use crate::shared::{DNS_SUBDOMAIN_PATTERN, DURATION_PATTERN, VERSION_PATTERN};
     shortname = "kc",
     category = "kok",
     doc = "A business Kubernetes cluster whose control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and add-ons) runs as Pods in this meta-cluster.",
-    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version", description = "Kubernetes version of the control plane"),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.version",
+        description = "Kubernetes version of the control plane"
+    ),
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Etcd", type_ = "string", json_path = ".status.components.etcd.ready", description = "ready/desired etcd members"),
-    printcolumn(name = "APIServer", type_ = "string", json_path = ".status.components.apiServer.ready", description = "ready/desired kube-apiserver replicas"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Etcd",
+        type_ = "string",
+        json_path = ".status.components.etcd.ready",
+        description = "ready/desired etcd members"
+    ),
+    printcolumn(
+        name = "APIServer",
+        type_ = "string",
+        json_path = ".status.components.apiServer.ready",
+        description = "ready/desired kube-apiserver replicas"
+    ),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
@@ -353,7 +376,10 @@ fn default_renew_before() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct ExtraUser {
     /// User name (the certificate's common name).
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// Groups (the certificate's organizations), for example `system:masters`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -368,7 +394,10 @@ pub struct Addon {
     /// Name of a registered add-on template (built-in: `bootstrap`,
     /// `kube-proxy`, `coredns`, `node-operator`; others from ConfigMaps labelled
     /// `kubeonkube.io/addon-template`).
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// Template version to use.
     #[schemars(length(min = 5, max = 32), regex(pattern = VERSION_PATTERN))]

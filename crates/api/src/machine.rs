@@ -10,9 +10,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::shared::{
-    DNS_SUBDOMAIN_PATTERN, OperationResult, SecretKeyRef,
-};
+use crate::shared::{DNS_SUBDOMAIN_PATTERN, OperationResult, SecretKeyRef};
 
 /// A host and the Node it becomes.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -27,10 +25,29 @@ use crate::shared::{
     printcolumn(name = "IP", type_ = "string", json_path = ".spec.ip"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Node", type_ = "string", json_path = ".status.nodeName"),
-    printcolumn(name = "Kubelet", type_ = "string", json_path = ".status.installed.kubelet.version", description = "installed kubelet version"),
-    printcolumn(name = "Canary", type_ = "string", json_path = ".status.canary", priority = 1),
-    printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone", priority = 1),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Kubelet",
+        type_ = "string",
+        json_path = ".status.installed.kubelet.version",
+        description = "installed kubelet version"
+    ),
+    printcolumn(
+        name = "Canary",
+        type_ = "string",
+        json_path = ".status.canary",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Zone",
+        type_ = "string",
+        json_path = ".spec.zone",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSpec {
@@ -88,7 +105,12 @@ pub struct SshSpec {
     pub private_key_secret_ref: SecretKeyRef,
     /// The host's public key as in `known_hosts` without the host name, for
     /// example `ssh-ed25519 AAAAC3Nza…`.
-    #[schemars(length(min = 16, max = 16384), regex(pattern = r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/]+=*( .*)?$"))]
+    #[schemars(
+        length(min = 16, max = 16384),
+        regex(
+            pattern = r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|sk-ssh-ed25519@openssh.com) [A-Za-z0-9+/]+=*( .*)?$"
+        )
+    )]
     pub host_public_key: String,
 }
 

@@ -24,8 +24,17 @@ use crate::shared::{PACKAGE_NAME_PATTERN, SHA256_PATTERN, VERSION_PATTERN};
     doc = "How to obtain, verify, install and health-check one version of one on-host package (container runtime, CNI plugins, kubelet, or any other).",
     printcolumn(name = "Package", type_ = "string", json_path = ".spec.package"),
     printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
-    printcolumn(name = "Machines", type_ = "integer", json_path = ".status.machines", description = "Machines that have it current"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Machines",
+        type_ = "integer",
+        json_path = ".status.machines",
+        description = "Machines that have it current"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(validation = Rule::new("self == oldSelf").message("a PackageVersion cannot be changed; create a new PackageVersion for a new version or fix"))]
 #[serde(rename_all = "camelCase")]
@@ -155,7 +164,10 @@ fn default_mode() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct SystemdUnit {
     /// Unit name, for example `kubelet.service`.
-    #[schemars(length(min = 9, max = 255), regex(pattern = r"^[a-zA-Z0-9:_.@-]+\.service$"))]
+    #[schemars(
+        length(min = 9, max = 255),
+        regex(pattern = r"^[a-zA-Z0-9:_.@-]+\.service$")
+    )]
     pub name: String,
     /// Unit file content (placeholders as in config files).
     #[schemars(length(min = 1, max = 65536))]

@@ -11,7 +11,8 @@ pub const VERSION_PATTERN: &str = r"^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)
 /// A lowercase hexadecimal SHA-256 digest.
 pub const SHA256_PATTERN: &str = r"^[a-f0-9]{64}$";
 /// A DNS-1123 subdomain (lowercase, dots allowed).
-pub const DNS_SUBDOMAIN_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+pub const DNS_SUBDOMAIN_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// A DNS-1123 label (lowercase, no dots).
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 /// A package name: a DNS-1123 label.

@@ -7,7 +7,7 @@ use clap::Parser;
 
 /// Generate the kube-on-kube CustomResourceDefinitions from the Rust API types.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Directory the CRD files are written to (one file per kind).
     #[arg(long, env = "KOK_CRD_DIR", default_value = "crds")]
@@ -26,10 +26,14 @@ fn main() -> anyhow::Result<()> {
             println!("{} is up to date", args.out.display());
             return Ok(());
         }
-        eprintln!("out of date (run `cargo run -p crdgen`): {}", stale.join(", "));
+        eprintln!(
+            "out of date (run `cargo run -p crdgen`): {}",
+            stale.join(", ")
+        );
         std::process::exit(1);
     }
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
     for (file, text) in crdgen::render()? {
         let path = args.out.join(file);
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;

@@ -1,0 +1,48 @@
+//! One way to build a `kube::Client` from the `--kubeconfig`/`--context` flags
+//! every binary accepts, falling back to `KUBECONFIG` and the in-cluster account.
+
+use std::path::PathBuf;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::Error;
+
+/// Connection flags shared by every binary.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ClientArgs {
+    /// Path to a kubeconfig file. Without it: $KUBECONFIG, then ~/.kube/config,
+    /// then the Pod's service account.
+    #[arg(long, env = "KUBECONFIG", global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig to use instead of its current context.
+    #[arg(long, env = "KOK_CONTEXT", global = true)]
+    pub context: Option<String>,
+}
+
+impl ClientArgs {
+    /// The client configuration these flags select.
+    pub async fn config(&self) -> Result<Config, Error> {
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path).map_err(Error::Kubeconfig)?;
+                Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(Error::Kubeconfig)
+            }
+            None if self.context.is_some() => Config::from_kubeconfig(&options)
+                .await
+                .map_err(Error::Kubeconfig),
+            None => Config::infer().await.map_err(Error::Infer),
+        }
+    }
+
+    /// A client for the cluster these flags select.
+    pub async fn client(&self) -> Result<Client, Error> {
+        Client::try_from(self.config().await?).map_err(Error::Client)
+    }
+}

@@ -1,0 +1,47 @@
+//! Plumbing both operators and the CLI need, kept in one place so it is written
+//! once: connecting to a cluster, server-side apply, status conditions and
+//! logging set-up.
+
+pub mod apply;
+pub mod client;
+pub mod conditions;
+pub mod controller;
+pub mod telemetry;
+
+/// Errors of the shared plumbing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kubeconfig could not be read or has no usable context.
+    #[error("cannot load kubeconfig: {0}")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    /// Neither a kubeconfig nor an in-cluster service account was found.
+    #[error(
+        "cannot find cluster credentials (set --kubeconfig or KUBECONFIG, or run in a Pod): {0}"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built from the configuration.
+    #[error("cannot create Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// A call to the API server failed.
+    #[error("Kubernetes API call failed: {0}")]
+    Api(#[source] kube::Error),
+    /// An object could not be turned into an apply patch.
+    #[error("cannot serialize {kind} for apply: {source}")]
+    Serialize {
+        kind: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    /// Short static category, used as a metric label and event reason.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kubeconfig(_) | Error::Infer(_) => "config",
+            Error::Client(_) => "client",
+            Error::Api(_) => "api",
+            Error::Serialize { .. } => "serialize",
+        }
+    }
+}

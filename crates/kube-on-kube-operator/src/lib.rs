@@ -1,0 +1,9 @@
+//! The kube-on-kube-operator: watches `Cluster` objects in the meta-cluster and
+//! converges each one's control plane (PKI, etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler, add-ons) to its spec.
+
+pub mod controller;
+pub mod error;
+
+pub use controller::{Context, run};
+pub use error::Error;

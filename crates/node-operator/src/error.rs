@@ -1,0 +1,22 @@
+//! Errors of the node-operator.
+
+/// Everything a node-operator reconcile can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the business cluster's API server failed.
+    #[error("business-cluster API call failed: {0}")]
+    Kube(#[source] kube::Error),
+    /// Shared plumbing (apply, status) failed.
+    #[error(transparent)]
+    Common(#[from] kok_common::Error),
+}
+
+impl Error {
+    /// Short static category, used as a metric label and event reason.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Common(e) => e.category(),
+        }
+    }
+}
