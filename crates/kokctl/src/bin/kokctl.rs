@@ -1,0 +1,5 @@
+//! `kokctl`: the same CLI under its own name.
+
+fn main() -> std::process::ExitCode {
+    kokctl::main()
+}

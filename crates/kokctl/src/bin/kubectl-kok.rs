@@ -1,0 +1,5 @@
+//! `kubectl kok`: the kubectl plugin entry point.
+
+fn main() -> std::process::ExitCode {
+    kokctl::main()
+}
