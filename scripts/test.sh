@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests, and integration tests against the real test
+# environment (upstream kube-apiserver, etcd, kube-controller-manager,
+# kube-scheduler and kwok; sshd on test hosts in network namespaces).
+#
+# Installs what the SSH test hosts need (Debian packages; needs root) and builds
+# the upstream binaries once (cached; see scripts/testenv-bins.sh). Extra
+# arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -x scripts/testhost-deps.sh ]; then
+  scripts/testhost-deps.sh
+fi
+KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh | tail -n 1)
+export KOK_TESTENV_BIN_DIR
+echo "test binaries: $KOK_TESTENV_BIN_DIR"
+exec cargo test --workspace "$@"
