@@ -55,7 +55,7 @@ pub struct CanaryReleaseSpec {
     /// Size of each batch, in order: a count (`1`) or a percentage of the
     /// selected Machines (`25%`). Machines left after the last batch form one
     /// final batch.
-    #[schemars(length(min = 1, max = 100))]
+    #[schemars(schema_with = "crate::shared::int_or_percent_list")]
     #[x_kube(validation = Rule::new("self.all(b, type(b) == int ? b >= 1 : b.matches('^(100|[1-9][0-9]?)%$'))").message("each batch is a count of at least 1 or a percentage between 1% and 100%"))]
     pub batches: Vec<IntOrString>,
     /// Wait this long after a batch passes its health gates before the next one.
@@ -68,6 +68,7 @@ pub struct CanaryReleaseSpec {
     /// Failed Machines tolerated before the release halts: a count (`0` halts on
     /// the first failure) or a percentage of the selected Machines.
     #[serde(default = "default_failure_budget")]
+    #[schemars(schema_with = "crate::shared::int_or_percent")]
     #[x_kube(validation = Rule::new("type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')").message("failureBudget is a count of at least 0 or a percentage between 0% and 100%"))]
     pub failure_budget: IntOrString,
     /// Roll every upgraded Machine back to its previous version when the release

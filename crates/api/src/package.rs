@@ -253,6 +253,7 @@ pub struct RolloutSpec {
     /// Most Machines that may be upgrading or not Ready at once, across the
     /// cluster: a count (`1`) or a percentage (`10%`).
     #[serde(default = "default_max_unavailable")]
+    #[schemars(schema_with = "crate::shared::int_or_percent")]
     #[x_kube(validation = Rule::new("type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')").message("maxUnavailable is a count of at least 1 or a percentage between 1% and 100%"))]
     pub max_unavailable: IntOrString,
 }

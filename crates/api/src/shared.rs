@@ -68,3 +68,22 @@ pub enum OperationResult {
     /// Finished with an error; see the message and output.
     Failed,
 }
+
+/// Schema of a count-or-percentage (`3` or `25%`). The length bound keeps the
+/// API server's CEL cost estimate for the rules on such fields small.
+pub fn int_or_percent(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "maxLength": 4,
+    })
+}
+
+/// Schema of a non-empty list of at most 100 counts-or-percentages.
+pub fn int_or_percent_list(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": int_or_percent(generator),
+        "minItems": 1,
+        "maxItems": 100,
+    })
+}
