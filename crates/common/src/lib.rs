@@ -6,6 +6,7 @@ pub mod apply;
 pub mod client;
 pub mod conditions;
 pub mod controller;
+pub mod duration;
 pub mod telemetry;
 
 /// Errors of the shared plumbing.

@@ -4,6 +4,7 @@
 
 pub mod controller;
 pub mod error;
+pub mod pki;
 
 pub use controller::{Context, run};
 pub use error::Error;

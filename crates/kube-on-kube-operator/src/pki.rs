@@ -1,0 +1,371 @@
+//! Certificate authorities and leaf certificates for a business cluster, and
+//! reading back what an existing certificate says, so the operator can tell
+//! whether a stored certificate still matches what it would issue now.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::OffsetDateTime;
+
+/// Certificates are back-dated by this much so a clock a little behind the
+/// operator's still accepts them.
+const BACKDATE: Duration = Duration::from_secs(5 * 60);
+
+/// Lifetime of the certificate authorities.
+pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Errors while generating or reading certificates.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    /// Key or certificate generation failed.
+    #[error("cannot generate {what}: {source}")]
+    Generate {
+        what: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    /// A stored certificate or key could not be parsed.
+    #[error("cannot parse {what}: {message}")]
+    Parse { what: &'static str, message: String },
+}
+
+/// A certificate with its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for KeyCert {
+    // Never print the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyCert")
+            .field("cert_pem", &self.cert_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a leaf certificate is used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    /// TLS server only.
+    Server,
+    /// TLS client only.
+    Client,
+    /// Both (etcd peers).
+    ServerAndClient,
+}
+
+/// Everything that identifies a leaf certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafSpec {
+    pub common_name: String,
+    /// Subject organizations; Kubernetes reads them as groups.
+    pub organizations: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    pub usage: Usage,
+}
+
+fn generate(what: &str) -> impl Fn(rcgen::Error) -> PkiError + '_ {
+    move |source| PkiError::Generate {
+        what: what.to_string(),
+        source,
+    }
+}
+
+fn window(params: &mut CertificateParams, now: OffsetDateTime, validity: Duration) {
+    params.not_before = now - BACKDATE;
+    params.not_after = now + validity;
+}
+
+/// A new self-signed certificate authority.
+pub fn new_ca(common_name: &str, now: OffsetDateTime) -> Result<KeyCert, PkiError> {
+    let key = KeyPair::generate().map_err(generate(common_name))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    window(&mut params, now, CA_VALIDITY);
+    let cert = params.self_signed(&key).map_err(generate(common_name))?;
+    Ok(KeyCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Issue a leaf certificate signed by `ca`.
+pub fn issue(
+    ca: &KeyCert,
+    spec: &LeafSpec,
+    now: OffsetDateTime,
+    validity: Duration,
+) -> Result<KeyCert, PkiError> {
+    let what = spec.common_name.as_str();
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(|e| PkiError::Parse {
+        what: "CA key",
+        message: e.to_string(),
+    })?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(|e| PkiError::Parse {
+        what: "CA certificate",
+        message: e.to_string(),
+    })?;
+    let key = KeyPair::generate().map_err(generate(what))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, what);
+    for org in &spec.organizations {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, org.as_str());
+    }
+    for name in &spec.dns_names {
+        let name = name.clone().try_into().map_err(generate(what))?;
+        params.subject_alt_names.push(SanType::DnsName(name));
+    }
+    params
+        .subject_alt_names
+        .extend(spec.ips.iter().copied().map(SanType::IpAddress));
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = match spec.usage {
+        Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        Usage::ServerAndClient => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    };
+    params.use_authority_key_identifier_extension = true;
+    window(&mut params, now, validity);
+    let cert = params.signed_by(&key, &issuer).map_err(generate(what))?;
+    Ok(KeyCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// A new service-account signing key pair: (private PEM, public PEM).
+pub fn new_service_account_key() -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(generate("service-account key"))?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
+}
+
+/// What a stored certificate says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    pub not_after: OffsetDateTime,
+    /// Subject of the issuer, as text.
+    pub issuer: String,
+    /// Authority key identifier, to tell which CA key signed it.
+    pub authority_key_id: Option<Vec<u8>>,
+    /// Subject key identifier (for a CA: what its leaves carry as authority key).
+    pub subject_key_id: Option<Vec<u8>>,
+}
+
+/// Read a PEM certificate.
+pub fn inspect(cert_pem: &str) -> Result<CertInfo, PkiError> {
+    use x509_parser::extensions::{GeneralName, ParsedExtension};
+    let parse = |message: String| PkiError::Parse {
+        what: "certificate",
+        message,
+    };
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()).map_err(|e| parse(e.to_string()))?;
+    let cert = pem.parse_x509().map_err(|e| parse(e.to_string()))?;
+    let subject = cert.subject();
+    let text = |attr: &x509_parser::x509::AttributeTypeAndValue<'_>| {
+        attr.as_str().unwrap_or_default().to_string()
+    };
+    let mut info = CertInfo {
+        common_name: subject
+            .iter_common_name()
+            .next()
+            .map(text)
+            .unwrap_or_default(),
+        organizations: subject.iter_organization().map(text).collect(),
+        dns_names: Vec::new(),
+        ips: Vec::new(),
+        not_after: cert.validity().not_after.to_datetime(),
+        issuer: cert.issuer().to_string(),
+        authority_key_id: None,
+        subject_key_id: None,
+    };
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::SubjectAlternativeName(san) => {
+                for name in &san.general_names {
+                    match name {
+                        GeneralName::DNSName(dns) => info.dns_names.push(dns.to_string()),
+                        GeneralName::IPAddress(bytes) => {
+                            if let Ok(v4) = <[u8; 4]>::try_from(*bytes) {
+                                info.ips.push(IpAddr::from(v4));
+                            } else if let Ok(v6) = <[u8; 16]>::try_from(*bytes) {
+                                info.ips.push(IpAddr::from(v6));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                info.authority_key_id = aki.key_identifier.as_ref().map(|k| k.0.to_vec());
+            }
+            ParsedExtension::SubjectKeyIdentifier(ski) => {
+                info.subject_key_id = Some(ski.0.to_vec());
+            }
+            _ => {}
+        }
+    }
+    Ok(info)
+}
+
+/// Why a stored leaf certificate must be issued again, or `None` when it still
+/// matches `spec`, was signed by `ca`, and has more than `renew_before` left.
+pub fn reissue_reason(
+    existing: &CertInfo,
+    ca: &CertInfo,
+    spec: &LeafSpec,
+    now: OffsetDateTime,
+    renew_before: Duration,
+) -> Option<&'static str> {
+    let sorted = |v: &[String]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    let mut ips = existing.ips.clone();
+    ips.sort();
+    let mut want_ips = spec.ips.clone();
+    want_ips.sort();
+    if existing.authority_key_id.is_some() && existing.authority_key_id != ca.subject_key_id {
+        Some("SignedByAnotherCA")
+    } else if existing.common_name != spec.common_name
+        || sorted(&existing.organizations) != sorted(&spec.organizations)
+    {
+        Some("SubjectChanged")
+    } else if sorted(&existing.dns_names) != sorted(&spec.dns_names) || ips != want_ips {
+        Some("SubjectAltNamesChanged")
+    } else if existing.not_after - now < renew_before {
+        Some("Expiring")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_800_000_000).expect("valid time")
+    }
+
+    fn spec() -> LeafSpec {
+        LeafSpec {
+            common_name: "kube-apiserver".into(),
+            organizations: vec![],
+            dns_names: vec!["kubernetes".into(), "api.example.com".into()],
+            ips: vec![
+                "10.96.0.1".parse().expect("ip"),
+                "192.0.2.10".parse().expect("ip"),
+            ],
+            usage: Usage::Server,
+        }
+    }
+
+    #[test]
+    fn leaf_carries_names_validity_and_issuer() {
+        let ca = new_ca("kubernetes", now()).expect("ca");
+        let leaf = issue(&ca, &spec(), now(), Duration::from_secs(3600)).expect("leaf");
+        let info = inspect(&leaf.cert_pem).expect("inspect");
+        let ca_info = inspect(&ca.cert_pem).expect("inspect ca");
+        assert_eq!(info.common_name, "kube-apiserver");
+        assert_eq!(info.dns_names, vec!["kubernetes", "api.example.com"]);
+        assert_eq!(info.ips.len(), 2);
+        assert_eq!(info.not_after, now() + Duration::from_secs(3600));
+        assert_eq!(info.issuer, "CN=kubernetes");
+        assert_eq!(ca_info.not_after, now() + CA_VALIDITY);
+        assert_eq!(
+            reissue_reason(&info, &ca_info, &spec(), now(), Duration::from_secs(600)),
+            None
+        );
+    }
+
+    #[test]
+    fn client_cert_carries_groups() {
+        let ca = new_ca("kubernetes", now()).expect("ca");
+        let admin = LeafSpec {
+            common_name: "kubernetes-admin".into(),
+            organizations: vec!["system:masters".into()],
+            dns_names: vec![],
+            ips: vec![],
+            usage: Usage::Client,
+        };
+        let info = inspect(
+            &issue(&ca, &admin, now(), Duration::from_secs(60))
+                .expect("leaf")
+                .cert_pem,
+        )
+        .expect("inspect");
+        assert_eq!(info.organizations, vec!["system:masters"]);
+    }
+
+    #[test]
+    fn reissue_reasons() {
+        let ca = new_ca("kubernetes", now()).expect("ca");
+        let ca_info = inspect(&ca.cert_pem).expect("ca");
+        let leaf = inspect(
+            &issue(&ca, &spec(), now(), Duration::from_secs(3600))
+                .expect("leaf")
+                .cert_pem,
+        )
+        .expect("leaf");
+        let renew = Duration::from_secs(600);
+        let later = now() + Duration::from_secs(3100);
+        assert_eq!(
+            reissue_reason(&leaf, &ca_info, &spec(), later, renew),
+            Some("Expiring")
+        );
+        let mut more_names = spec();
+        more_names.dns_names.push("api2.example.com".into());
+        assert_eq!(
+            reissue_reason(&leaf, &ca_info, &more_names, now(), renew),
+            Some("SubjectAltNamesChanged")
+        );
+        let mut renamed = spec();
+        renamed.common_name = "other".into();
+        assert_eq!(
+            reissue_reason(&leaf, &ca_info, &renamed, now(), renew),
+            Some("SubjectChanged")
+        );
+        let other_ca = inspect(&new_ca("kubernetes", now()).expect("ca").cert_pem).expect("ca");
+        assert_eq!(
+            reissue_reason(&leaf, &other_ca, &spec(), now(), renew),
+            Some("SignedByAnotherCA")
+        );
+    }
+
+    #[test]
+    fn debug_never_prints_the_key() {
+        let ca = new_ca("kubernetes", now()).expect("ca");
+        assert!(!format!("{ca:?}").contains("PRIVATE KEY"));
+    }
+}
