@@ -22,6 +22,7 @@ use crate::shared::{DNS_SUBDOMAIN_PATTERN, DURATION_PATTERN, VERSION_PATTERN};
     kind = "Cluster",
     namespaced,
     status = "ClusterStatus",
+    validation = Rule::new("size(self.metadata.name) <= 40").message("a Cluster name may be at most 40 characters: the names of its Services and Secrets are built from it"),
     shortname = "kc",
     category = "kok",
     doc = "A business Kubernetes cluster whose control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and add-ons) runs as Pods in this meta-cluster.",

@@ -2,8 +2,10 @@
 //! converges each one's control plane (PKI, etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler, add-ons) to its spec.
 
+pub mod certs;
 pub mod controller;
 pub mod error;
+pub mod names;
 pub mod pki;
 
 pub use controller::{Context, run};
