@@ -1,0 +1,472 @@
+//! The CRDs and examples against the real kube-apiserver: every CRD installs,
+//! every example applies, and invalid objects are rejected by the API server with
+//! the message the rule promises.
+
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use kube_on_kube_api::{CanaryRelease, Cluster, ClusterPackageVersion, Machine, PackageVersion};
+use kube_on_kube_tests::{dynamic_api, example, example_documents, set};
+use serde_json::{Value, json};
+
+use kok_testenv::kube_env::KubeEnv;
+
+/// How a case breaks an object.
+enum Change {
+    /// The object is invalid as created.
+    Create(Vec<(&'static str, Value)>),
+    /// The object is created valid, then updated to this.
+    Update(Vec<(&'static str, Value)>),
+}
+
+struct Case {
+    name: &'static str,
+    kind: &'static str,
+    change: Change,
+    message: &'static str,
+}
+
+fn cases() -> Vec<Case> {
+    use Change::*;
+    let c = |name, kind, change, message| Case {
+        name,
+        kind,
+        change,
+        message,
+    };
+    vec![
+        // Cluster
+        c(
+            "version format",
+            "Cluster",
+            Create(vec![("spec/version", json!("v1.35"))]),
+            "spec.version",
+        ),
+        c(
+            "mode enum",
+            "Cluster",
+            Create(vec![("spec/mode", json!("Huge"))]),
+            "Unsupported value: \"Huge\"",
+        ),
+        c(
+            "etcd storage both",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/storage/claimTemplate",
+                json!({"resources": {"requests": {"storage": "1Gi"}}}),
+            )]),
+            "set exactly one of etcd.storage.claimTemplate or etcd.storage.volumeSource",
+        ),
+        c(
+            "etcd storage none",
+            "Cluster",
+            Create(vec![("spec/etcd/storage/volumeSource", Value::Null)]),
+            "set exactly one of etcd.storage.claimTemplate or etcd.storage.volumeSource",
+        ),
+        c(
+            "volume source both",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/storage/volumeSource/hostPath",
+                json!({"path": "/var/lib/etcd"}),
+            )]),
+            "set exactly one of volumeSource.emptyDir or volumeSource.hostPath",
+        ),
+        c(
+            "nodePort without NodePort",
+            "Cluster",
+            Create(vec![(
+                "spec/apiServer/external",
+                json!({"type": "ClusterIP", "nodePort": 30443}),
+            )]),
+            "nodePort can only be set when type is NodePort",
+        ),
+        c(
+            "nodePort range",
+            "Cluster",
+            Create(vec![(
+                "spec/apiServer/external",
+                json!({"type": "NodePort", "nodePort": 80}),
+            )]),
+            "should be greater than or equal to 30000",
+        ),
+        c(
+            "port range",
+            "Cluster",
+            Create(vec![("spec/apiServer/external/port", json!(70000))]),
+            "should be less than or equal to 65535",
+        ),
+        c(
+            "external address",
+            "Cluster",
+            Create(vec![(
+                "spec/apiServer/external/addresses",
+                json!(["api.example.com"]),
+            )]),
+            "every external address must be an IPv4 or IPv6 address",
+        ),
+        c(
+            "service CIDR",
+            "Cluster",
+            Create(vec![("spec/network/serviceCIDR", json!("10.96.0.0"))]),
+            "network.serviceCIDR must be a CIDR",
+        ),
+        c(
+            "renewBefore < validity",
+            "Cluster",
+            Create(vec![(
+                "spec/certificates",
+                json!({"validity": "24h", "renewBefore": "48h"}),
+            )]),
+            "certificates.renewBefore must be shorter than certificates.validity",
+        ),
+        c(
+            "validity format",
+            "Cluster",
+            Create(vec![("spec/certificates/validity", json!("1 year"))]),
+            "spec.certificates.validity",
+        ),
+        c(
+            "minor skip",
+            "Cluster",
+            Update(vec![("spec/version", json!("1.37.0"))]),
+            "a Kubernetes upgrade may not skip a minor version",
+        ),
+        c(
+            "minor downgrade",
+            "Cluster",
+            Update(vec![("spec/version", json!("1.34.2"))]),
+            "downgrading the Kubernetes minor version is not supported",
+        ),
+        c(
+            "etcd storage immutable",
+            "Cluster",
+            Update(vec![(
+                "spec/etcd/storage/volumeSource",
+                json!({"hostPath": {"path": "/var/lib/etcd"}}),
+            )]),
+            "etcd storage cannot be changed after the cluster is created",
+        ),
+        c(
+            "service CIDR immutable",
+            "Cluster",
+            Update(vec![("spec/network/serviceCIDR", json!("10.100.0.0/16"))]),
+            "network.serviceCIDR cannot be changed",
+        ),
+        c(
+            "cluster name length",
+            "Cluster",
+            Create(vec![(
+                "metadata/name",
+                json!("a-cluster-name-that-is-far-too-long-to-use"),
+            )]),
+            "a Cluster name may be at most 40 characters",
+        ),
+        // Machine
+        c(
+            "machine ip",
+            "Machine",
+            Create(vec![("spec/ip", json!("300.1.2.3"))]),
+            "ip must be an IPv4 or IPv6 address",
+        ),
+        c(
+            "machine ip immutable",
+            "Machine",
+            Update(vec![("spec/ip", json!("10.0.12.35"))]),
+            "ip cannot be changed",
+        ),
+        c(
+            "ssh port",
+            "Machine",
+            Create(vec![("spec/ssh/port", json!(0))]),
+            "should be greater than or equal to 1",
+        ),
+        c(
+            "host key format",
+            "Machine",
+            Create(vec![("spec/ssh/hostPublicKey", json!("trust-me"))]),
+            "spec.ssh.hostPublicKey",
+        ),
+        c(
+            "sysctl name",
+            "Machine",
+            Create(vec![("spec/sysctls", json!({"rm -rf /": "1"}))]),
+            "sysctl names look like vm.max_map_count",
+        ),
+        // PackageVersion
+        c(
+            "sha256 format",
+            "PackageVersion",
+            Create(vec![(
+                "spec/artifacts",
+                json!([{"arch": "amd64", "url": "http://a.example/x.tgz", "sha256": "abc"}]),
+            )]),
+            "spec.artifacts[0].sha256",
+        ),
+        c(
+            "artifact url scheme",
+            "PackageVersion",
+            Create(vec![(
+                "spec/artifacts",
+                json!([{"arch": "amd64", "url": "ftp://a.example/x.tgz", "sha256": "0".repeat(64)}]),
+            )]),
+            "artifact url must start with http:// or https://",
+        ),
+        c(
+            "arch enum",
+            "PackageVersion",
+            Create(vec![(
+                "spec/artifacts",
+                json!([{"arch": "mips", "url": "http://a.example/x.tgz", "sha256": "0".repeat(64)}]),
+            )]),
+            "Unsupported value: \"mips\"",
+        ),
+        c(
+            "health check one of",
+            "PackageVersion",
+            Create(vec![(
+                "spec/healthCheck",
+                json!({"command": ["true"], "httpGet": "http://127.0.0.1/healthz"}),
+            )]),
+            "a health check has exactly one of command or httpGet",
+        ),
+        c(
+            "package version immutable",
+            "PackageVersion",
+            Update(vec![("spec/version", json!("2.1.5"))]),
+            "a PackageVersion cannot be changed",
+        ),
+        // ClusterPackageVersion
+        c(
+            "cpv name",
+            "ClusterPackageVersion",
+            Create(vec![("metadata/name", json!("mine"))]),
+            "must be named default",
+        ),
+        c(
+            "cpv empty packages",
+            "ClusterPackageVersion",
+            Create(vec![("spec/packages", json!({}))]),
+            "packages must name at least one package",
+        ),
+        c(
+            "max unavailable",
+            "ClusterPackageVersion",
+            Create(vec![("spec/rollout/maxUnavailable", json!("0%"))]),
+            "maxUnavailable is a count of at least 1",
+        ),
+        // CanaryRelease
+        c(
+            "empty selector",
+            "CanaryRelease",
+            Create(vec![("spec/selector", json!({}))]),
+            "selector must have at least one matchLabels entry",
+        ),
+        c(
+            "no batches",
+            "CanaryRelease",
+            Create(vec![("spec/batches", json!([]))]),
+            "spec.batches",
+        ),
+        c(
+            "batch percent",
+            "CanaryRelease",
+            Create(vec![("spec/batches", json!([1, "150%"]))]),
+            "each batch is a count of at least 1 or a percentage",
+        ),
+        c(
+            "failure budget",
+            "CanaryRelease",
+            Create(vec![("spec/failureBudget", json!(-1))]),
+            "failureBudget is a count of at least 0",
+        ),
+        c(
+            "action enum",
+            "CanaryRelease",
+            Create(vec![("spec/action", json!("Explode"))]),
+            "Unsupported value: \"Explode\"",
+        ),
+    ]
+}
+
+fn api_for(client: &Client, kind: &str, namespace: &str) -> kube::Api<DynamicObject> {
+    let c = client.clone();
+    match kind {
+        "Cluster" => dynamic_api::<Cluster>(c, Some(namespace)),
+        "Machine" => dynamic_api::<Machine>(c, None),
+        "PackageVersion" => dynamic_api::<PackageVersion>(c, None),
+        "ClusterPackageVersion" => dynamic_api::<ClusterPackageVersion>(c, None),
+        "CanaryRelease" => dynamic_api::<CanaryRelease>(c, None),
+        other => panic!("no API for {other}"),
+    }
+}
+
+/// The example of `kind`, renamed so cases do not collide (a
+/// ClusterPackageVersion must keep its name, so those cases run one at a time).
+fn base(kind: &str, index: usize, namespace: &str) -> Value {
+    let mut doc = example(kind);
+    if kind != "ClusterPackageVersion" {
+        set(
+            &mut doc,
+            "metadata/name",
+            json!(format!("case-{index}-{namespace}")),
+        );
+    }
+    if kind == "Cluster" {
+        set(&mut doc, "metadata/namespace", json!(namespace));
+    }
+    doc
+}
+
+fn apply_changes(doc: &mut Value, changes: &[(&'static str, Value)]) {
+    for (path, value) in changes {
+        set(doc, path, value.clone());
+    }
+}
+
+async fn expect_rejected(
+    case: &Case,
+    result: Result<DynamicObject, kube::Error>,
+) -> Result<(), String> {
+    match result {
+        Ok(_) => Err(format!("{}: the API server accepted it", case.name)),
+        Err(kube::Error::Api(status)) if status.message.contains(case.message) => Ok(()),
+        Err(e) => Err(format!(
+            "{}: rejected, but not with {:?}: {e}",
+            case.name, case.message
+        )),
+    }
+}
+
+async fn run_case(
+    client: &Client,
+    namespace: &str,
+    index: usize,
+    case: &Case,
+) -> Result<(), String> {
+    let api = api_for(client, case.kind, namespace);
+    let mut doc = base(case.kind, index, namespace);
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let outcome = match &case.change {
+        Change::Create(changes) => {
+            apply_changes(&mut doc, changes);
+            let obj: DynamicObject = serde_json::from_value(doc).map_err(|e| e.to_string())?;
+            expect_rejected(case, api.create(&PostParams::default(), &obj).await).await
+        }
+        Change::Update(changes) => {
+            let valid: DynamicObject =
+                serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
+            let created = api
+                .create(&PostParams::default(), &valid)
+                .await
+                .map_err(|e| format!("{}: the valid object was refused: {e}", case.name))?;
+            apply_changes(&mut doc, changes);
+            let mut obj: DynamicObject = serde_json::from_value(doc).map_err(|e| e.to_string())?;
+            obj.metadata.resource_version = created.metadata.resource_version;
+            expect_rejected(case, api.replace(&name, &PostParams::default(), &obj).await).await
+        }
+    };
+    let _ = api.delete(&name, &Default::default()).await;
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_objects_are_rejected_with_their_message() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let namespace = env.namespace("validation").await;
+    let cases = cases();
+    assert!(cases.len() >= 15);
+    let mut failures = Vec::new();
+    for (index, case) in cases.iter().enumerate() {
+        if let Err(e) = run_case(&client, &namespace, index, case).await {
+            failures.push(e);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_applies_and_reads_back_typed() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let namespace = env.namespace("examples").await;
+    let mut applied = 0;
+    for (file, mut doc) in example_documents() {
+        let kind = doc["kind"].as_str().expect("kind").to_string();
+        if kind == "Cluster" || kind == "Secret" {
+            set(&mut doc, "metadata/namespace", json!(namespace));
+        }
+        let name = doc["metadata"]["name"].as_str().expect("name").to_string();
+        let api = match kind.as_str() {
+            "Secret" => {
+                dynamic_api::<k8s_openapi::api::core::v1::Secret>(client.clone(), Some(&namespace))
+            }
+            k => api_for(&client, k, &namespace),
+        };
+        let obj: DynamicObject = serde_json::from_value(doc).expect("object");
+        let stored = api
+            .patch(
+                &name,
+                &PatchParams::apply("examples-test"),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {kind}/{name} was refused: {e}"));
+        // What the API server stored (with its defaults) must parse as the typed kind.
+        let value = serde_json::to_value(&stored).expect("serialize");
+        let typed = match kind.as_str() {
+            "Cluster" => serde_json::from_value::<Cluster>(value).map(|_| ()),
+            "Machine" => serde_json::from_value::<Machine>(value).map(|_| ()),
+            "PackageVersion" => serde_json::from_value::<PackageVersion>(value).map(|_| ()),
+            "ClusterPackageVersion" => {
+                serde_json::from_value::<ClusterPackageVersion>(value).map(|_| ())
+            }
+            "CanaryRelease" => serde_json::from_value::<CanaryRelease>(value).map(|_| ()),
+            _ => Ok(()),
+        };
+        typed.unwrap_or_else(|e| panic!("{file}: stored {kind}/{name} does not parse: {e}"));
+        applied += 1;
+    }
+    assert!(applied >= 8, "applied only {applied} documents");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_fills_in_defaults() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let namespace = env.namespace("defaults").await;
+    // Untyped, so that serde's own defaults cannot stand in for the server's.
+    let api = dynamic_api::<Cluster>(client, Some(&namespace));
+    let mut doc = example("Cluster");
+    set(&mut doc, "metadata/namespace", json!(namespace));
+    let cluster: Cluster = serde_json::from_value(doc).expect("typed");
+    // Send only what the user wrote: the typed value would carry our defaults.
+    let minimal: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": Cluster::api_version(&()), "kind": "Cluster",
+        "metadata": {"name": "defaults", "namespace": namespace},
+        "spec": {"version": cluster.spec.version, "etcd": {"storage": {"volumeSource": {"emptyDir": {}}}}}
+    }))
+    .expect("object");
+    let stored = api
+        .patch(
+            "defaults",
+            &PatchParams::apply("defaults-test"),
+            &Patch::Apply(&minimal),
+        )
+        .await
+        .expect("minimal cluster accepted");
+    let spec = &stored.data["spec"];
+    assert_eq!(spec["mode"], "Production");
+    assert_eq!(spec["network"]["serviceCIDR"], "10.96.0.0/12");
+    assert_eq!(spec["certificates"]["validity"], "8760h");
+    assert_eq!(spec["apiServer"]["external"]["port"], 6443);
+}
