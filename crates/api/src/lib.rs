@@ -6,6 +6,9 @@
 //! `kubectl explain` text, and the validation attributes become OpenAPI and CEL
 //! rules the API server enforces before a controller ever sees the object.
 
+// `#[kube(printcolumn(..))]` repeats `type_ = "string"` by design.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod canary;
 pub mod cluster;
 pub mod machine;
