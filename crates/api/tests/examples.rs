@@ -13,7 +13,9 @@ fn examples_dir() -> PathBuf {
 }
 
 /// Parse `doc` as `T` and serialize it back.
-fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> Result<Value, String> {
+fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(
+    doc: &Value,
+) -> Result<Value, String> {
     let typed: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
     serde_json::to_value(&typed).map_err(|e| e.to_string())
 }
@@ -49,14 +51,20 @@ fn every_example_parses_without_losing_fields() {
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();
     files.sort();
-    assert!(files.len() >= 6, "expected the example files, found {files:?}");
+    assert!(
+        files.len() >= 6,
+        "expected the example files, found {files:?}"
+    );
 
     let mut kinds = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("read example");
         for document in serde_norway::Deserializer::from_str(&text) {
             let doc = Value::deserialize(document).expect("valid YAML");
-            let kind = doc["kind"].as_str().expect("every document has a kind").to_string();
+            let kind = doc["kind"]
+                .as_str()
+                .expect("every document has a kind")
+                .to_string();
             let parsed = match kind.as_str() {
                 "Cluster" => round_trip::<Cluster>(&doc),
                 "Machine" => round_trip::<Machine>(&doc),
@@ -69,11 +77,21 @@ fn every_example_parses_without_losing_fields() {
             .unwrap_or_else(|e| panic!("{}: {kind} does not parse: {e}", file.display()));
             let mut missing = Vec::new();
             lost(&doc, &parsed, "", &mut missing);
-            assert!(missing.is_empty(), "{}: {kind} drops fields {missing:?}", file.display());
+            assert!(
+                missing.is_empty(),
+                "{}: {kind} drops fields {missing:?}",
+                file.display()
+            );
             kinds.push(kind);
         }
     }
-    for kind in ["Cluster", "Machine", "PackageVersion", "ClusterPackageVersion", "CanaryRelease"] {
+    for kind in [
+        "Cluster",
+        "Machine",
+        "PackageVersion",
+        "ClusterPackageVersion",
+        "CanaryRelease",
+    ] {
         assert!(kinds.iter().any(|k| k == kind), "no example of {kind}");
     }
 }
