@@ -7,6 +7,7 @@ pub mod controller;
 pub mod error;
 pub mod names;
 pub mod pki;
+pub mod render;
 
 pub use controller::{Context, run};
 pub use error::Error;

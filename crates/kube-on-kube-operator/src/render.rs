@@ -1,0 +1,83 @@
+//! Desired child objects of a Cluster, as pure functions of its spec: what the
+//! apply step sends with server-side apply. Unit-tested without a cluster.
+
+pub mod etcd;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use kube_on_kube_api::cluster::Cluster;
+use kube_on_kube_api::shared::{CLUSTER_LABEL, COMPONENT_LABEL};
+
+use crate::names::{Component, Names};
+
+/// Annotation on Pod templates with the hash of the certificates and
+/// configuration they mount; when it changes, the Pods roll.
+pub const CONFIG_HASH_ANNOTATION: &str = "kubeonkube.io/config-hash";
+
+/// Labels of every object of one component of one cluster.
+pub fn component_labels(names: &Names, component: Component) -> BTreeMap<String, String> {
+    [
+        (CLUSTER_LABEL.to_string(), names.cluster.clone()),
+        (COMPONENT_LABEL.to_string(), component.as_str().to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "kube-on-kube-operator".to_string(),
+        ),
+    ]
+    .into()
+}
+
+/// The controller owner reference every child carries, so deleting the Cluster
+/// garbage-collects it.
+pub fn owner(cluster: &Cluster) -> OwnerReference {
+    // A Cluster read from the API server always has a name and UID; the
+    // fallbacks only matter for objects built in tests.
+    cluster
+        .controller_owner_ref(&())
+        .unwrap_or_else(|| OwnerReference {
+            api_version: Cluster::api_version(&()).to_string(),
+            kind: Cluster::kind(&()).to_string(),
+            name: cluster.metadata.name.clone().unwrap_or_default(),
+            uid: cluster.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        })
+}
+
+/// A stable hash of configuration content (for [`CONFIG_HASH_ANNOTATION`]):
+/// hex of the first 16 bytes of SHA-256 over the sorted entries.
+pub fn config_hash<'a>(entries: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut sorted: Vec<_> = entries.into_iter().collect();
+    sorted.sort();
+    let mut hasher = Sha256::new();
+    for (key, value) in sorted {
+        hasher.update((key.len() as u64).to_le_bytes());
+        hasher.update(key.as_bytes());
+        hasher.update((value.len() as u64).to_le_bytes());
+        hasher.update(value);
+    }
+    hasher.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_hash_is_order_independent_and_content_sensitive() {
+        let a = config_hash([("a", b"1".as_slice()), ("b", b"2".as_slice())]);
+        let b = config_hash([("b", b"2".as_slice()), ("a", b"1".as_slice())]);
+        let c = config_hash([("a", b"1".as_slice()), ("b", b"3".as_slice())]);
+        let d = config_hash([("a1", b"".as_slice()), ("b", b"2".as_slice())]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+        assert_eq!(a.len(), 32);
+    }
+}

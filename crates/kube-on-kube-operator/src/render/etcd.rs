@@ -1,0 +1,451 @@
+//! etcd members as the operator runs them: one Pod, one headless Service (the
+//! member's stable peer identity) and, with a claim template, one
+//! PersistentVolumeClaim per member; plus the client Service in front of all.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe,
+    ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube_on_kube_api::cluster::Cluster;
+
+use super::{component_labels, owner};
+use crate::names::{Component, Names};
+
+/// Label naming the etcd member a Pod or Service belongs to.
+pub const MEMBER_LABEL: &str = "kubeonkube.io/etcd-member";
+
+/// Port numbers.
+pub const CLIENT_PORT: i32 = 2379;
+pub const PEER_PORT: i32 = 2380;
+pub const METRICS_PORT: i32 = 2381;
+
+/// Where the member's certificates are mounted.
+pub const PKI_DIR: &str = "/etc/etcd/pki";
+/// Where the member's data lives.
+pub const DATA_DIR: &str = "/var/lib/etcd";
+
+/// How the member joins: with the others at bootstrap, or into a running
+/// cluster after it was added through the etcd API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+/// One member's Pod.
+pub struct MemberPod<'a> {
+    pub index: usize,
+    /// `name=peerURL` of every member the new member must know about.
+    pub initial_cluster: &'a [(String, String)],
+    pub state: ClusterState,
+    /// Image to run.
+    pub image: &'a str,
+    /// Hash of the mounted certificates; a change rolls the Pod.
+    pub config_hash: &'a str,
+}
+
+fn member_labels(names: &Names, member: &str) -> BTreeMap<String, String> {
+    let mut labels = component_labels(names, Component::Etcd);
+    labels.insert(MEMBER_LABEL.into(), member.into());
+    labels
+}
+
+/// The Pod of etcd member `m.index`.
+pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
+    let member = names.etcd_member(m.index);
+    let spec = &cluster.spec;
+    let peer_url = names.etcd_peer_url(&member);
+    let client_url = names.etcd_client_url(&member);
+    let initial: Vec<String> = m
+        .initial_cluster
+        .iter()
+        .map(|(n, u)| format!("{n}={u}"))
+        .collect();
+    let mut args: BTreeMap<String, String> = [
+        ("name", member.clone()),
+        ("data-dir", format!("{DATA_DIR}/data")),
+        (
+            "listen-client-urls",
+            format!("https://0.0.0.0:{CLIENT_PORT}"),
+        ),
+        ("advertise-client-urls", client_url),
+        ("listen-peer-urls", format!("https://0.0.0.0:{PEER_PORT}")),
+        ("initial-advertise-peer-urls", peer_url),
+        (
+            "listen-metrics-urls",
+            format!("http://0.0.0.0:{METRICS_PORT}"),
+        ),
+        ("initial-cluster", initial.join(",")),
+        (
+            "initial-cluster-state",
+            match m.state {
+                ClusterState::New => "new",
+                ClusterState::Existing => "existing",
+            }
+            .into(),
+        ),
+        (
+            "initial-cluster-token",
+            format!("{}-{}", names.namespace, names.cluster),
+        ),
+        ("cert-file", format!("{PKI_DIR}/server.crt")),
+        ("key-file", format!("{PKI_DIR}/server.key")),
+        ("trusted-ca-file", format!("{PKI_DIR}/ca.crt")),
+        ("client-cert-auth", "true".into()),
+        ("peer-cert-file", format!("{PKI_DIR}/peer.crt")),
+        ("peer-key-file", format!("{PKI_DIR}/peer.key")),
+        ("peer-trusted-ca-file", format!("{PKI_DIR}/ca.crt")),
+        ("peer-client-cert-auth", "true".into()),
+        ("snapshot-count", "10000".into()),
+        ("auto-compaction-mode", "periodic".into()),
+        ("auto-compaction-retention", "1h".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    // User flags win over ours.
+    args.extend(spec.etcd.component.extra_args.clone());
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|(k, v)| format!("--{k}={v}"))
+        .collect();
+
+    let secret_items = |secret: String, prefix: &str, with_ca: bool| {
+        let mut items = vec![
+            KeyToPath {
+                key: "tls.crt".into(),
+                path: format!("{prefix}.crt"),
+                mode: None,
+            },
+            KeyToPath {
+                key: "tls.key".into(),
+                path: format!("{prefix}.key"),
+                mode: None,
+            },
+        ];
+        if with_ca {
+            items.push(KeyToPath {
+                key: "ca.crt".into(),
+                path: "ca.crt".into(),
+                mode: None,
+            });
+        }
+        VolumeProjection {
+            secret: Some(SecretProjection {
+                name: secret,
+                items: Some(items),
+                optional: None,
+            }),
+            ..Default::default()
+        }
+    };
+    let suffix = format!("etcd-{}", m.index);
+    let pki = Volume {
+        name: "pki".into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![
+                secret_items(
+                    names.cert_secret(&format!("{suffix}-server")),
+                    "server",
+                    true,
+                ),
+                secret_items(names.cert_secret(&format!("{suffix}-peer")), "peer", false),
+            ]),
+            default_mode: Some(0o400),
+        }),
+        ..Default::default()
+    };
+    let data = match (
+        &spec.etcd.storage.claim_template,
+        &spec.etcd.storage.volume_source,
+    ) {
+        (Some(_), _) => Volume {
+            name: "data".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: member.clone(),
+                read_only: None,
+            }),
+            ..Default::default()
+        },
+        (None, Some(source)) => Volume {
+            name: "data".into(),
+            empty_dir: source.empty_dir.clone(),
+            host_path: source.host_path.clone().map(|mut h| {
+                h.path = format!("{}/{member}", h.path.trim_end_matches('/'));
+                h.type_ = Some("DirectoryOrCreate".into());
+                h
+            }),
+            ..Default::default()
+        },
+        (None, None) => Volume {
+            name: "data".into(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        },
+    };
+    let probe = |path: &str, failure_threshold: i32, initial: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(METRICS_PORT),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial),
+        period_seconds: Some(2),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failure_threshold),
+        ..Default::default()
+    };
+    let port = |name: &str, port: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port: port,
+        ..Default::default()
+    };
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        super::CONFIG_HASH_ANNOTATION.to_string(),
+        m.config_hash.to_string(),
+    );
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(member.clone()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(member_labels(names, &member)),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            hostname: Some(member.clone()),
+            subdomain: Some(member.clone()),
+            node_selector: spec
+                .placement
+                .as_ref()
+                .map(|p| p.node_selector.clone())
+                .filter(|s| !s.is_empty()),
+            tolerations: spec
+                .placement
+                .as_ref()
+                .map(|p| p.tolerations.clone())
+                .filter(|t| !t.is_empty()),
+            // A crashed etcd recovers from its own data; replacing a member is
+            // the operator's decision, made from member health.
+            restart_policy: Some("Always".into()),
+            termination_grace_period_seconds: Some(30),
+            enable_service_links: Some(false),
+            automount_service_account_token: Some(false),
+            containers: vec![Container {
+                name: "etcd".into(),
+                image: Some(m.image.into()),
+                command: Some(vec!["etcd".into()]),
+                args: Some(args),
+                env: Some(vec![EnvVar {
+                    name: "POD_IP".into(),
+                    value_from: Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "status.podIP".into(),
+                            api_version: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    value: None,
+                }]),
+                ports: Some(vec![
+                    port("client", CLIENT_PORT),
+                    port("peer", PEER_PORT),
+                    port("metrics", METRICS_PORT),
+                ]),
+                readiness_probe: Some(probe("/readyz", 3, 1)),
+                liveness_probe: Some(probe("/livez", 8, 10)),
+                resources: spec.etcd.component.resources.clone(),
+                volume_mounts: Some(vec![
+                    VolumeMount {
+                        name: "pki".into(),
+                        mount_path: PKI_DIR.into(),
+                        read_only: Some(true),
+                        ..Default::default()
+                    },
+                    VolumeMount {
+                        name: "data".into(),
+                        mount_path: DATA_DIR.into(),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }],
+            volumes: Some(vec![pki, data]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The headless Service that gives member `index` its stable DNS name; it
+/// publishes the address before the member is ready, because peers must find
+/// each other to become ready at all.
+pub fn member_service(cluster: &Cluster, names: &Names, index: usize) -> Service {
+    let member = names.etcd_member(index);
+    service(cluster, names, &member, member_labels(names, &member), true)
+}
+
+/// The Service clients (kube-apiserver) use to reach any member.
+pub fn client_service(cluster: &Cluster, names: &Names) -> Service {
+    service(
+        cluster,
+        names,
+        &names.etcd_client_service(),
+        component_labels(names, Component::Etcd),
+        false,
+    )
+}
+
+fn service(
+    cluster: &Cluster,
+    names: &Names,
+    name: &str,
+    selector: BTreeMap<String, String>,
+    headless: bool,
+) -> Service {
+    let port = |name: &str, port: i32| ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let mut ports = vec![port("client", CLIENT_PORT)];
+    if headless {
+        ports.push(port("peer", PEER_PORT));
+    }
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(component_labels(names, Component::Etcd)),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: headless.then(|| "None".into()),
+            publish_not_ready_addresses: headless.then_some(true),
+            selector: Some(selector),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The claim of member `index`, when the Cluster uses a claim template.
+pub fn member_claim(
+    cluster: &Cluster,
+    names: &Names,
+    index: usize,
+) -> Option<PersistentVolumeClaim> {
+    let template = cluster.spec.etcd.storage.claim_template.clone()?;
+    let member = names.etcd_member(index);
+    Some(PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(member.clone()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(member_labels(names, &member)),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        spec: Some(template),
+        status: None,
+    })
+}
+
+/// `name=peerURL` of the first `count` members, for bootstrap.
+pub fn initial_cluster(names: &Names, count: usize) -> Vec<(String, String)> {
+    (0..count)
+        .map(|i| {
+            let member = names.etcd_member(i);
+            let url = names.etcd_peer_url(&member);
+            (member, url)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_on_kube_api::cluster::ClusterMode;
+
+    fn cluster() -> Cluster {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        c.metadata.uid = Some("uid-1".into());
+        c.spec.mode = ClusterMode::Production;
+        c
+    }
+
+    #[test]
+    fn member_pod_uses_its_service_name_as_identity() {
+        let c = cluster();
+        let n = Names::new(&c, "cluster.local");
+        let initial = initial_cluster(&n, 3);
+        let pod = member_pod(
+            &c,
+            &n,
+            &MemberPod {
+                index: 1,
+                initial_cluster: &initial,
+                state: ClusterState::New,
+                image: "registry.k8s.io/etcd:3.6.16-0",
+                config_hash: "abc",
+            },
+        );
+        let spec = pod.spec.expect("spec");
+        let args = spec.containers[0].args.clone().expect("args");
+        assert!(args.contains(&"--name=prod-east-etcd-1".to_string()));
+        assert!(args.contains(&"--initial-advertise-peer-urls=https://prod-east-etcd-1.clusters.svc.cluster.local:2380".to_string()));
+        assert!(args.iter().any(|a| a.starts_with("--initial-cluster=prod-east-etcd-0=https://prod-east-etcd-0.clusters.svc.cluster.local:2380,prod-east-etcd-1=")));
+        assert!(args.contains(&"--initial-cluster-state=new".to_string()));
+        // The user's flag is applied, after ours.
+        assert!(args.contains(&"--quota-backend-bytes=8589934592".to_string()));
+        assert_eq!(spec.subdomain.as_deref(), Some("prod-east-etcd-1"));
+        let claim = spec
+            .volumes
+            .expect("volumes")
+            .iter()
+            .find(|v| v.name == "data")
+            .and_then(|v| v.persistent_volume_claim.clone())
+            .expect("claim");
+        assert_eq!(claim.claim_name, "prod-east-etcd-1");
+        assert_eq!(
+            spec.node_selector.expect("selector")["node-role.kubeonkube.io/control-plane"],
+            ""
+        );
+    }
+
+    #[test]
+    fn member_service_is_headless_and_publishes_not_ready() {
+        let c = cluster();
+        let n = Names::new(&c, "cluster.local");
+        let svc = member_service(&c, &n, 2).spec.expect("spec");
+        assert_eq!(svc.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(svc.publish_not_ready_addresses, Some(true));
+        assert_eq!(
+            svc.selector.expect("selector")[MEMBER_LABEL],
+            "prod-east-etcd-2"
+        );
+        let client = client_service(&c, &n).spec.expect("spec");
+        assert_eq!(client.cluster_ip, None);
+        assert!(
+            !client
+                .selector
+                .expect("selector")
+                .contains_key(MEMBER_LABEL)
+        );
+        assert!(member_claim(&c, &n, 0).is_some());
+    }
+}
