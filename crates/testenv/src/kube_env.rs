@@ -30,10 +30,9 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub use cluster::install_crds;
-
-use crate::bins;
 pub use error::Error;
 
+use crate::bins;
 use pki::Pki;
 use supervisor::Supervised;
 use workdir::Workdir;

@@ -10,11 +10,9 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client};
 
 use super::Error;
-use super::components::KWOK_NODE_ANNOTATION;
+use super::components::{KWOK_NODE_ANNOTATION, poll_until};
 
 const FIELD_MANAGER: &str = "kok-testenv";
-
-const POLL: Duration = Duration::from_millis(200);
 
 /// Applies every CRD of `kube_on_kube_api` (server-side apply) and waits until
 /// each one is Established, so tests can create custom objects right away.
@@ -149,24 +147,15 @@ pub(crate) async fn wait_service_account(
     timeout: Duration,
 ) -> Result<(), Error> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if accounts
+    let what = format!("service account {namespace}/default");
+    poll_until(&what, timeout, None, || async {
+        let found = accounts
             .get_opt("default")
             .await
-            .map_err(Error::kube(format!("reading {namespace}/default")))?
-            .is_some()
-        {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: format!("service account {namespace}/default"),
-                after: timeout,
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
+            .map_err(Error::kube(format!("reading {namespace}/default")))?;
+        Ok(found.is_some())
+    })
+    .await
 }
 
 /// A DNS label from a caller-chosen prefix and a sequence number.

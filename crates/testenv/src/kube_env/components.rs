@@ -168,26 +168,46 @@ pub(crate) fn kwok(kubeconfig: &Path, workdir: &Path) -> Result<Command, Error> 
     Ok(cmd)
 }
 
+/// Polls `ready` until it says yes, failing early when `process` (the component
+/// being waited for) exits, and after `timeout`.
+pub(crate) async fn poll_until<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut process: Option<&mut Supervised>,
+    mut ready: F,
+) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, Error>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(process) = process.as_deref_mut() {
+            process.check_running()?;
+        }
+        if ready().await? {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: what.to_owned(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// Waits for etcd to answer its health endpoint.
 pub(crate) async fn wait_etcd(
     etcd: &mut Supervised,
     port: u16,
     timeout: Duration,
 ) -> Result<(), Error> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        etcd.check_running()?;
-        if etcd_healthy(port).await {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: "etcd health".into(),
-                after: timeout,
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    poll_until("etcd health", timeout, Some(etcd), || async {
+        Ok(etcd_healthy(port).await)
+    })
+    .await
 }
 
 async fn etcd_healthy(port: u16) -> bool {
@@ -213,21 +233,19 @@ pub(crate) async fn wait_apiserver(
     client: &kube::Client,
     timeout: Duration,
 ) -> Result<(), Error> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        apiserver.check_running()?;
-        let request = http::Request::get("/readyz").body(Vec::new());
-        if let Ok(request) = request
-            && client.request_text(request).await.is_ok()
-        {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: "kube-apiserver /readyz".into(),
-                after: timeout,
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    poll_until(
+        "kube-apiserver /readyz",
+        timeout,
+        Some(apiserver),
+        || async {
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::Io {
+                    what: "building the /readyz request".into(),
+                    source: std::io::Error::other(e),
+                })?;
+            Ok(client.request_text(request).await.is_ok())
+        },
+    )
+    .await
 }

@@ -100,9 +100,14 @@ impl Supervised {
         self.child.id()
     }
 
-    /// `Some` once the process has ended.
+    /// `Some` once the process has ended (and has been reaped).
     pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        let status = self.child.try_wait().ok().flatten();
+        if status.is_some() {
+            // Its pid is free for reuse now; the exit hook must not signal it.
+            forget(self.child.id() as i32);
+        }
+        status
     }
 
     /// Turns an early exit into an error carrying the end of the log.
@@ -121,8 +126,12 @@ impl Supervised {
     /// SIGKILLs the process group and reaps the child. The data it leaves behind is
     /// throwaway, so there is nothing a graceful stop would save.
     pub(crate) fn kill(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
         let pid = self.child.id() as i32;
-        // SAFETY: plain syscall; a stale group id only yields ESRCH.
+        // SAFETY: plain syscall on the group of a child not yet reaped, so the id
+        // cannot belong to anyone else.
         unsafe {
             libc::kill(-pid, libc::SIGKILL);
         }
