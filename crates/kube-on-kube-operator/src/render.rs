@@ -1,7 +1,9 @@
 //! Desired child objects of a Cluster, as pure functions of its spec: what the
 //! apply step sends with server-side apply. Unit-tested without a cluster.
 
+pub mod control_plane;
 pub mod etcd;
+pub mod kubeconfig;
 
 use std::collections::BTreeMap;
 

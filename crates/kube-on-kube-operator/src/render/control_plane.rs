@@ -1,0 +1,616 @@
+//! The stateless control plane: the kube-apiserver Deployment with its
+//! internal and external Services, and the kube-controller-manager and
+//! kube-scheduler Deployments, each mounting exactly the certificates it needs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
+    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
+    ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube_on_kube_api::cluster::{Cluster, ComponentSpec, ExposureType};
+
+use super::{CONFIG_HASH_ANNOTATION, component_labels, owner};
+use crate::names::{Component, Names};
+
+/// Port kube-apiserver serves on inside its Pod and on the internal Service.
+pub const API_PORT: i32 = 6443;
+const CONTROLLER_MANAGER_PORT: i32 = 10257;
+const SCHEDULER_PORT: i32 = 10259;
+const PKI: &str = "/etc/kubernetes/pki";
+const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
+
+/// Images and the config hash of one component's Pods.
+pub struct PodInputs<'a> {
+    pub image: &'a str,
+    pub config_hash: &'a str,
+}
+
+fn projection(secret: String, items: &[(&str, &str)]) -> VolumeProjection {
+    VolumeProjection {
+        secret: Some(SecretProjection {
+            name: secret,
+            items: Some(
+                items
+                    .iter()
+                    .map(|(key, path)| KeyToPath {
+                        key: key.to_string(),
+                        path: path.to_string(),
+                        mode: None,
+                    })
+                    .collect(),
+            ),
+            optional: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
+    Volume {
+        name: name.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            default_mode: Some(0o400),
+        }),
+        ..Default::default()
+    }
+}
+
+fn https_probe(path: &str, port: i32, failure_threshold: i32, initial: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(port),
+            scheme: Some("HTTPS".into()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial),
+        period_seconds: Some(2),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(failure_threshold),
+        ..Default::default()
+    }
+}
+
+fn flags(ours: Vec<(&str, String)>, user: &ComponentSpec) -> Vec<String> {
+    let mut all: BTreeMap<String, String> =
+        ours.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    // The user's flags win: they are the escape hatch for what we did not foresee.
+    all.extend(user.extra_args.clone());
+    all.into_iter().map(|(k, v)| format!("--{k}={v}")).collect()
+}
+
+/// One component's Deployment: replicas from the mode, spread across nodes,
+/// placed by the Cluster, rolled only when a new Pod is ready first.
+fn deployment(
+    cluster: &Cluster,
+    names: &Names,
+    component: Component,
+    container: Container,
+    volumes: Vec<Volume>,
+    hash: &str,
+) -> Deployment {
+    let labels = component_labels(names, component);
+    let placement = cluster.spec.placement.clone().unwrap_or_default();
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(names.deployment(component)),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(labels.clone()),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(cluster.spec.mode.replicas()),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                match_expressions: None,
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    annotations: Some(
+                        [(CONFIG_HASH_ANNOTATION.to_string(), hash.to_string())].into(),
+                    ),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    node_selector: Some(placement.node_selector).filter(|s| !s.is_empty()),
+                    tolerations: Some(placement.tolerations).filter(|t| !t.is_empty()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(30),
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                WeightedPodAffinityTerm {
+                                    weight: 100,
+                                    pod_affinity_term: PodAffinityTerm {
+                                        label_selector: Some(LabelSelector {
+                                            match_labels: Some(labels),
+                                            match_expressions: None,
+                                        }),
+                                        topology_key: "kubernetes.io/hostname".into(),
+                                        ..Default::default()
+                                    },
+                                },
+                            ]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn pod_ip_env() -> EnvVar {
+    EnvVar {
+        name: "POD_IP".into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "status.podIP".into(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+/// The kube-apiserver Deployment.
+pub fn apiserver(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deployment {
+    let spec = &cluster.spec;
+    let etcd_servers = etcd_client_urls(cluster, names);
+    // Business-cluster Pods reach the API through the `kubernetes` Service,
+    // whose endpoint is the advertised address: the external one when known.
+    let (advertise, reconciler) = match spec.api_server.external.addresses.first() {
+        Some(address) => (address.clone(), "lease"),
+        None => ("$(POD_IP)".to_string(), "none"),
+    };
+    let args = flags(
+        vec![
+            ("advertise-address", advertise),
+            ("endpoint-reconciler-type", reconciler.into()),
+            ("bind-address", "0.0.0.0".into()),
+            ("secure-port", API_PORT.to_string()),
+            ("etcd-servers", etcd_servers.join(",")),
+            ("etcd-cafile", format!("{PKI}/etcd/ca.crt")),
+            ("etcd-certfile", format!("{PKI}/apiserver-etcd-client.crt")),
+            ("etcd-keyfile", format!("{PKI}/apiserver-etcd-client.key")),
+            ("tls-cert-file", format!("{PKI}/apiserver.crt")),
+            ("tls-private-key-file", format!("{PKI}/apiserver.key")),
+            ("client-ca-file", format!("{PKI}/ca.crt")),
+            (
+                "kubelet-client-certificate",
+                format!("{PKI}/apiserver-kubelet-client.crt"),
+            ),
+            (
+                "kubelet-client-key",
+                format!("{PKI}/apiserver-kubelet-client.key"),
+            ),
+            (
+                "kubelet-preferred-address-types",
+                "InternalIP,ExternalIP,Hostname".into(),
+            ),
+            (
+                "proxy-client-cert-file",
+                format!("{PKI}/front-proxy-client.crt"),
+            ),
+            (
+                "proxy-client-key-file",
+                format!("{PKI}/front-proxy-client.key"),
+            ),
+            (
+                "requestheader-client-ca-file",
+                format!("{PKI}/front-proxy-ca.crt"),
+            ),
+            ("requestheader-allowed-names", "front-proxy-client".into()),
+            (
+                "requestheader-extra-headers-prefix",
+                "X-Remote-Extra-".into(),
+            ),
+            ("requestheader-group-headers", "X-Remote-Group".into()),
+            ("requestheader-username-headers", "X-Remote-User".into()),
+            (
+                "service-account-issuer",
+                format!("https://kubernetes.default.svc.{}", spec.network.dns_domain),
+            ),
+            ("service-account-key-file", format!("{PKI}/sa.pub")),
+            ("service-account-signing-key-file", format!("{PKI}/sa.key")),
+            (
+                "service-cluster-ip-range",
+                spec.network.service_cidr.clone(),
+            ),
+            ("authorization-mode", "Node,RBAC".into()),
+            ("enable-admission-plugins", "NodeRestriction".into()),
+            ("enable-bootstrap-token-auth", "true".into()),
+            ("allow-privileged", "true".into()),
+        ],
+        &spec.api_server.component,
+    );
+    let ca = names.ca_secret();
+    let pki = projected(
+        "pki",
+        vec![
+            projection(ca, &[("tls.crt", "ca.crt")]),
+            projection(
+                names.cert_secret("apiserver-tls"),
+                &[("tls.crt", "apiserver.crt"), ("tls.key", "apiserver.key")],
+            ),
+            projection(
+                names.cert_secret("apiserver-etcd-client"),
+                &[
+                    ("tls.crt", "apiserver-etcd-client.crt"),
+                    ("tls.key", "apiserver-etcd-client.key"),
+                    ("ca.crt", "etcd/ca.crt"),
+                ],
+            ),
+            projection(
+                names.cert_secret("apiserver-kubelet-client"),
+                &[
+                    ("tls.crt", "apiserver-kubelet-client.crt"),
+                    ("tls.key", "apiserver-kubelet-client.key"),
+                ],
+            ),
+            projection(
+                names.cert_secret("front-proxy-client"),
+                &[
+                    ("tls.crt", "front-proxy-client.crt"),
+                    ("tls.key", "front-proxy-client.key"),
+                    ("ca.crt", "front-proxy-ca.crt"),
+                ],
+            ),
+            projection(
+                names.service_account_secret(),
+                &[("sa.key", "sa.key"), ("sa.pub", "sa.pub")],
+            ),
+        ],
+    );
+    let container = Container {
+        name: "kube-apiserver".into(),
+        image: Some(pod.image.into()),
+        command: Some(vec!["kube-apiserver".into()]),
+        args: Some(args),
+        env: Some(vec![pod_ip_env()]),
+        ports: Some(vec![ContainerPort {
+            name: Some("https".into()),
+            container_port: API_PORT,
+            ..Default::default()
+        }]),
+        readiness_probe: Some(https_probe("/readyz", API_PORT, 3, 1)),
+        liveness_probe: Some(https_probe("/livez", API_PORT, 8, 15)),
+        resources: spec.api_server.component.resources.clone(),
+        volume_mounts: Some(vec![mount("pki", PKI)]),
+        ..Default::default()
+    };
+    deployment(
+        cluster,
+        names,
+        Component::ApiServer,
+        container,
+        vec![pki],
+        pod.config_hash,
+    )
+}
+
+/// The internal Service of kube-apiserver (for the other components).
+pub fn apiserver_internal_service(cluster: &Cluster, names: &Names) -> Service {
+    apiserver_service(
+        cluster,
+        names,
+        names.apiserver_service(),
+        ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            ports: Some(vec![api_port(API_PORT, None)]),
+            ..Default::default()
+        },
+    )
+}
+
+/// The external Service of kube-apiserver (for kubelets and users).
+pub fn apiserver_external_service(cluster: &Cluster, names: &Names) -> Service {
+    let external = &cluster.spec.api_server.external;
+    let type_ = match external.type_ {
+        ExposureType::ClusterIP => "ClusterIP",
+        ExposureType::NodePort => "NodePort",
+        ExposureType::LoadBalancer => "LoadBalancer",
+    };
+    apiserver_service(
+        cluster,
+        names,
+        names.apiserver_external_service(),
+        ServiceSpec {
+            type_: Some(type_.into()),
+            ports: Some(vec![api_port(external.port, external.node_port)]),
+            external_ips: None,
+            ..Default::default()
+        },
+    )
+}
+
+fn api_port(port: i32, node_port: Option<i32>) -> ServicePort {
+    ServicePort {
+        name: Some("https".into()),
+        port,
+        target_port: Some(IntOrString::Int(API_PORT)),
+        node_port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+fn apiserver_service(
+    cluster: &Cluster,
+    names: &Names,
+    name: String,
+    mut spec: ServiceSpec,
+) -> Service {
+    let labels = component_labels(names, Component::ApiServer);
+    spec.selector = Some(labels.clone());
+    Service {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// URL the control-plane components use for the business API.
+pub fn internal_api_url(names: &Names) -> String {
+    format!(
+        "https://{}.{}.svc:{API_PORT}",
+        names.apiserver_service(),
+        names.namespace
+    )
+}
+
+fn kubeconfig_volume(names: &Names, identity: &str) -> Volume {
+    projected(
+        "kubeconfig",
+        vec![projection(
+            names.kubeconfig_secret(identity),
+            &[("kubeconfig", "kubeconfig")],
+        )],
+    )
+}
+
+/// The kube-controller-manager Deployment: signs kubelet CSRs with the cluster
+/// CA and runs the bootstrap-token controllers.
+pub fn controller_manager(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deployment {
+    let spec = &cluster.spec;
+    let kubeconfig = format!("{KUBECONFIG_DIR}/kubeconfig");
+    let args = flags(
+        vec![
+            ("kubeconfig", kubeconfig.clone()),
+            ("authentication-kubeconfig", kubeconfig.clone()),
+            ("authorization-kubeconfig", kubeconfig),
+            ("bind-address", "0.0.0.0".into()),
+            ("secure-port", CONTROLLER_MANAGER_PORT.to_string()),
+            ("cluster-name", names.cluster.clone()),
+            ("cluster-signing-cert-file", format!("{PKI}/ca.crt")),
+            ("cluster-signing-key-file", format!("{PKI}/ca.key")),
+            ("root-ca-file", format!("{PKI}/ca.crt")),
+            (
+                "requestheader-client-ca-file",
+                format!("{PKI}/front-proxy-ca.crt"),
+            ),
+            ("service-account-private-key-file", format!("{PKI}/sa.key")),
+            ("use-service-account-credentials", "true".into()),
+            ("controllers", "*,bootstrapsigner,tokencleaner".into()),
+            ("allocate-node-cidrs", "true".into()),
+            ("cluster-cidr", spec.network.pod_cidr.clone()),
+            (
+                "service-cluster-ip-range",
+                spec.network.service_cidr.clone(),
+            ),
+            ("leader-elect", (spec.mode.replicas() > 1).to_string()),
+        ],
+        &spec.controller_manager,
+    );
+    let pki = projected(
+        "pki",
+        vec![
+            projection(
+                names.ca_secret(),
+                &[("tls.crt", "ca.crt"), ("tls.key", "ca.key")],
+            ),
+            projection(
+                names.front_proxy_ca_secret(),
+                &[("tls.crt", "front-proxy-ca.crt")],
+            ),
+            projection(names.service_account_secret(), &[("sa.key", "sa.key")]),
+        ],
+    );
+    let container = Container {
+        name: "kube-controller-manager".into(),
+        image: Some(pod.image.into()),
+        command: Some(vec!["kube-controller-manager".into()]),
+        args: Some(args),
+        readiness_probe: Some(https_probe("/healthz", CONTROLLER_MANAGER_PORT, 3, 1)),
+        liveness_probe: Some(https_probe("/healthz", CONTROLLER_MANAGER_PORT, 8, 15)),
+        resources: spec.controller_manager.resources.clone(),
+        volume_mounts: Some(vec![mount("pki", PKI), mount("kubeconfig", KUBECONFIG_DIR)]),
+        ..Default::default()
+    };
+    deployment(
+        cluster,
+        names,
+        Component::ControllerManager,
+        container,
+        vec![pki, kubeconfig_volume(names, "controller-manager")],
+        pod.config_hash,
+    )
+}
+
+/// The kube-scheduler Deployment.
+pub fn scheduler(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deployment {
+    let spec = &cluster.spec;
+    let kubeconfig = format!("{KUBECONFIG_DIR}/kubeconfig");
+    let args = flags(
+        vec![
+            ("kubeconfig", kubeconfig.clone()),
+            ("authentication-kubeconfig", kubeconfig.clone()),
+            ("authorization-kubeconfig", kubeconfig),
+            ("bind-address", "0.0.0.0".into()),
+            ("secure-port", SCHEDULER_PORT.to_string()),
+            ("leader-elect", (spec.mode.replicas() > 1).to_string()),
+        ],
+        &spec.scheduler,
+    );
+    let container = Container {
+        name: "kube-scheduler".into(),
+        image: Some(pod.image.into()),
+        command: Some(vec!["kube-scheduler".into()]),
+        args: Some(args),
+        readiness_probe: Some(https_probe("/healthz", SCHEDULER_PORT, 3, 1)),
+        liveness_probe: Some(https_probe("/healthz", SCHEDULER_PORT, 8, 15)),
+        resources: spec.scheduler.resources.clone(),
+        volume_mounts: Some(vec![mount("kubeconfig", KUBECONFIG_DIR)]),
+        ..Default::default()
+    };
+    deployment(
+        cluster,
+        names,
+        Component::Scheduler,
+        container,
+        vec![kubeconfig_volume(names, "scheduler")],
+        pod.config_hash,
+    )
+}
+
+/// Every etcd member's client URL: kube-apiserver balances across them, so one
+/// member being replaced does not interrupt it.
+pub fn etcd_client_urls(cluster: &Cluster, names: &Names) -> Vec<String> {
+    (0..cluster.spec.mode.replicas() as usize)
+        .map(|i| names.etcd_client_url(&names.etcd_member(i)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube_on_kube_api::cluster::ClusterMode;
+
+    fn cluster(mode: ClusterMode) -> Cluster {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        c.metadata.uid = Some("uid-1".into());
+        c.spec.mode = mode;
+        c
+    }
+
+    fn args_of(d: &Deployment) -> Vec<String> {
+        d.spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .map(|p| p.containers[0].args.clone().unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn apiserver_talks_to_every_member_and_advertises_the_external_address() {
+        let c = cluster(ClusterMode::Production);
+        let n = Names::new(&c, "cluster.local");
+        let d = apiserver(
+            &c,
+            &n,
+            &PodInputs {
+                image: "kube-apiserver:v1.35.4",
+                config_hash: "h",
+            },
+        );
+        let args = args_of(&d);
+        assert!(args.contains(&"--etcd-servers=https://prod-east-etcd-0.clusters.svc.cluster.local:2379,https://prod-east-etcd-1.clusters.svc.cluster.local:2379,https://prod-east-etcd-2.clusters.svc.cluster.local:2379".to_string()));
+        assert!(args.contains(&"--advertise-address=192.0.2.10".to_string()));
+        assert!(
+            args.contains(&"--max-requests-inflight=800".to_string()),
+            "user flags are applied"
+        );
+        assert_eq!(d.spec.as_ref().and_then(|s| s.replicas), Some(3));
+        let hash = d
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .expect("annotations");
+        assert_eq!(hash[CONFIG_HASH_ANNOTATION], "h");
+    }
+
+    #[test]
+    fn minimal_mode_disables_leader_election() {
+        let c = cluster(ClusterMode::Minimal);
+        let n = Names::new(&c, "cluster.local");
+        let inputs = PodInputs {
+            image: "x",
+            config_hash: "h",
+        };
+        assert!(
+            args_of(&controller_manager(&c, &n, &inputs))
+                .contains(&"--leader-elect=false".to_string())
+        );
+        assert!(args_of(&scheduler(&c, &n, &inputs)).contains(&"--leader-elect=false".to_string()));
+        let prod = cluster(ClusterMode::Production);
+        assert!(
+            args_of(&scheduler(
+                &prod,
+                &Names::new(&prod, "cluster.local"),
+                &inputs
+            ))
+            .contains(&"--leader-elect=true".to_string())
+        );
+    }
+
+    #[test]
+    fn external_service_follows_the_spec() {
+        let c = cluster(ClusterMode::Production);
+        let n = Names::new(&c, "cluster.local");
+        let svc = apiserver_external_service(&c, &n).spec.expect("spec");
+        assert_eq!(svc.type_.as_deref(), Some("LoadBalancer"));
+        assert_eq!(
+            svc.ports.expect("ports")[0].target_port,
+            Some(IntOrString::Int(API_PORT))
+        );
+        let internal = apiserver_internal_service(&c, &n).spec.expect("spec");
+        assert_eq!(internal.type_.as_deref(), Some("ClusterIP"));
+        assert_eq!(
+            internal_api_url(&n),
+            "https://prod-east-apiserver.clusters.svc:6443"
+        );
+    }
+}
