@@ -15,4 +15,7 @@ fi
 KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh | tail -n 1)
 export KOK_TESTENV_BIN_DIR
 echo "test binaries: $KOK_TESTENV_BIN_DIR"
+# The dev environment's test runs the operator binaries, which cargo test does
+# not build for it.
+cargo build --workspace --bins
 exec cargo test --workspace "$@"
