@@ -8,6 +8,7 @@ pub mod error;
 pub mod names;
 pub mod pki;
 pub mod render;
+pub mod secrets;
 
 pub use controller::{Context, run};
 pub use error::Error;
