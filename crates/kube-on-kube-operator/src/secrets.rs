@@ -96,12 +96,11 @@ fn ca(
     common_name: &str,
     out: &mut Outcome,
 ) -> Result<KeyCert, PkiError> {
-    if let Some(existing) = inputs.existing.get(name) {
-        if let (Some(cert_pem), Some(key_pem)) = (data(existing, CERT), data(existing, KEY)) {
-            if pki::inspect(&cert_pem).is_ok() {
-                return Ok(KeyCert { cert_pem, key_pem });
-            }
-        }
+    if let Some(existing) = inputs.existing.get(name)
+        && let (Some(cert_pem), Some(key_pem)) = (data(existing, CERT), data(existing, KEY))
+        && pki::inspect(&cert_pem).is_ok()
+    {
+        return Ok(KeyCert { cert_pem, key_pem });
     }
     let created = pki::new_ca(common_name, inputs.now)?;
     out.changes.push(Change {
