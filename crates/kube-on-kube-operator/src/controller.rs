@@ -1,52 +1,546 @@
-//! The Cluster controller: its shared context, the reconcile entry point and the
-//! error policy.
+//! The Cluster controller: its shared context, the reconcile (fetch → build →
+//! apply → status) and the error policy.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::Api;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::ExposureType;
+use kube_on_kube_api::shared::CLUSTER_LABEL;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use time::OffsetDateTime;
 
-use crate::Error;
+use crate::names::{Component, Names};
+use crate::render::config_hash;
+use crate::render::control_plane::{self, PodInputs};
+use crate::render::etcd::{self, ClusterState, MemberPod};
+use crate::{Error, certs, secrets, status};
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
+
+/// Settings of the operator itself.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// DNS domain of the meta-cluster (for Service names in certificates and URLs).
+    pub meta_domain: String,
+    /// Registry the component images come from.
+    pub registry: String,
+    /// etcd version used when the Cluster does not set one.
+    pub etcd_version: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            meta_domain: "cluster.local".into(),
+            registry: "registry.k8s.io".into(),
+            etcd_version: "3.6.16".into(),
+        }
+    }
+}
 
 /// What every reconcile shares.
 pub struct Context {
     /// Client of the meta-cluster.
     pub client: Client,
+    /// Publishes Events on Clusters.
+    pub recorder: Recorder,
+    /// The operator's settings.
+    pub config: Config,
 }
 
 /// Run the Cluster controller until SIGTERM/SIGINT. `namespace` limits it to one
 /// namespace; `None` watches all.
-pub async fn run(client: Client, namespace: Option<&str>, concurrency: u16) {
-    let clusters: Api<Cluster> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+pub async fn run(client: Client, namespace: Option<&str>, concurrency: u16, config: Config) {
+    fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let selector = watcher::Config::default().labels(CLUSTER_LABEL);
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
     };
-    let ctx = Arc::new(Context { client });
-    let config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    let stream = Controller::new(clusters, watcher::Config::default())
-        .with_config(config)
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        config,
+    });
+    let controller_config = kube::runtime::controller::Config::default().concurrency(concurrency);
+    let stream = Controller::new(
+        scoped::<Cluster>(&client, namespace),
+        watcher::Config::default(),
+    )
+    .with_config(controller_config)
+    .owns(scoped::<Secret>(&client, namespace), selector.clone())
+    .owns(scoped::<Pod>(&client, namespace), selector.clone())
+    .owns(scoped::<Service>(&client, namespace), selector.clone())
+    .owns(scoped::<Deployment>(&client, namespace), selector.clone())
+    .owns(
+        scoped::<PersistentVolumeClaim>(&client, namespace),
+        selector,
+    )
+    .shutdown_on_signal()
+    .run(reconcile, error_policy, ctx);
     kok_common::controller::drive("cluster", stream).await;
 }
 
+fn to_jiff(t: OffsetDateTime) -> Timestamp {
+    Timestamp::from_second(t.unix_timestamp()).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+async fn list<K>(api: &Api<K>, cluster: &str) -> Result<Vec<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = ListParams::default().labels(&format!("{CLUSTER_LABEL}={cluster}"));
+    Ok(api.list(&params).await.map_err(Error::Kube)?.items)
+}
+
+async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    Ok(kok_common::apply::apply(api, MANAGER, &name, obj).await?)
+}
+
+/// The URL users and kubelets reach the business API at.
+fn external_url(cluster: &Cluster, names: &Names, external: Option<&Service>) -> String {
+    let spec = &cluster.spec.api_server.external;
+    let port = spec.port;
+    if let Some(name) = spec.dns_names.first() {
+        return format!("https://{name}:{port}");
+    }
+    if let Some(address) = spec.addresses.first() {
+        return format!("https://{}:{port}", bracket(address));
+    }
+    let ingress = external
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip.clone().or_else(|| i.hostname.clone()));
+    match (spec.type_, ingress) {
+        (ExposureType::LoadBalancer, Some(address)) => {
+            format!("https://{}:{port}", bracket(&address))
+        }
+        _ => format!(
+            "https://{}:{port}",
+            names.service_fqdn(&names.apiserver_external_service())
+        ),
+    }
+}
+
+fn bracket(address: &str) -> String {
+    if address.contains(':') {
+        format!("[{address}]")
+    } else {
+        address.to_string()
+    }
+}
+
+fn service_ips(services: &[&Service]) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for svc in services {
+        if let Some(ip) = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_ref())
+            .and_then(|ip| ip.parse().ok())
+        {
+            out.push(ip);
+        }
+        for ingress in svc
+            .status
+            .iter()
+            .flat_map(|s| s.load_balancer.iter())
+            .flat_map(|lb| lb.ingress.iter().flatten())
+        {
+            if let Some(ip) = ingress.ip.as_ref().and_then(|ip| ip.parse().ok()) {
+                out.push(ip);
+            }
+        }
+    }
+    out
+}
+
+fn secret_bytes<'a>(
+    secrets: &'a BTreeMap<String, Secret>,
+    names: &[String],
+) -> Vec<(String, &'a [u8])> {
+    let mut out = Vec::new();
+    for name in names {
+        if let Some(data) = secrets.get(name).and_then(|s| s.data.as_ref()) {
+            for (k, v) in data {
+                out.push((format!("{name}/{k}"), v.0.as_slice()));
+            }
+        }
+    }
+    out
+}
+
+fn hash_of(secrets: &BTreeMap<String, Secret>, names: &[String], extra: &str) -> String {
+    let entries = secret_bytes(secrets, names);
+    config_hash(
+        entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .chain(std::iter::once(("spec", extra.as_bytes()))),
+    )
+}
+
+async fn publish(
+    ctx: &Context,
+    cluster: &Cluster,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
+        tracing::debug!(error = %e, "cannot publish event");
+    }
+}
+
 /// Converge one Cluster.
-pub async fn reconcile(cluster: Arc<Cluster>, _ctx: Arc<Context>) -> Result<Action, Error> {
-    tracing::info!(
-        cluster = %cluster.name_any(),
-        namespace = cluster.namespace().as_deref().unwrap_or_default(),
-        version = %cluster.spec.version,
-        paused = cluster.spec.paused,
-        "observed cluster"
+pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let names = Names::new(&cluster, &ctx.config.meta_domain);
+    let ns = names.namespace.clone();
+    let client = &ctx.client;
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let secrets_api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let services_api: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let deployments_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let spec = &cluster.spec;
+    let version = spec.version.clone();
+    let etcd_version = spec
+        .etcd
+        .component
+        .version
+        .clone()
+        .unwrap_or_else(|| ctx.config.etcd_version.clone());
+
+    // Fetch.
+    let existing: BTreeMap<String, Secret> = list(&secrets_api, &names.cluster)
+        .await?
+        .into_iter()
+        .map(|s| (s.name_any(), s))
+        .collect();
+    let services: BTreeMap<String, Service> = list(&services_api, &names.cluster)
+        .await?
+        .into_iter()
+        .map(|s| (s.name_any(), s))
+        .collect();
+    let mut etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
+        .await?
+        .into_iter()
+        .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
+        .collect();
+    let deployments: BTreeMap<String, Deployment> = list(&deployments_api, &names.cluster)
+        .await?
+        .into_iter()
+        .map(|d| (d.name_any(), d))
+        .collect();
+
+    let internal_svc = services.get(&names.apiserver_service());
+    let external_svc = services.get(&names.apiserver_external_service());
+    let endpoint = external_url(&cluster, &names, external_svc);
+
+    if spec.paused {
+        let observed = status::Observed {
+            etcd_pods: &etcd_pods,
+            apiserver: deployments.get(&names.deployment(Component::ApiServer)),
+            controller_manager: deployments.get(&names.deployment(Component::ControllerManager)),
+            scheduler: deployments.get(&names.deployment(Component::Scheduler)),
+            endpoint,
+            certificates_expire_at: cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.certificates_expire_at.clone())
+                .map(|t| t.0),
+            certificates_error: None,
+            addons: None,
+            version: &version,
+            etcd_version: &etcd_version,
+        };
+        let status = status::build(&cluster, &names, &observed, Timestamp::now());
+        kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+
+    // Build and apply: certificates first, everything else mounts them.
+    let ips = service_ips(
+        &[internal_svc, external_svc]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>(),
     );
-    Ok(Action::await_change())
+    let validity = kok_common::duration::parse(&spec.certificates.validity)
+        .unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    let renew_before = kok_common::duration::parse(&spec.certificates.renew_before)
+        .unwrap_or(Duration::from_secs(30 * 24 * 3600));
+    let internal_url = control_plane::internal_api_url(&names);
+    let now = OffsetDateTime::now_utc();
+    let (all_secrets, expiry, certificates_error) = match certs::plan(&cluster, &names, &ips) {
+        Err(e) => (existing.clone(), None, Some(e.to_string())),
+        Ok(plan) => {
+            let inputs = secrets::Inputs {
+                cluster: &cluster,
+                names: &names,
+                existing: &existing,
+                now,
+                validity,
+                renew_before,
+                external_url: &endpoint,
+                internal_url: &internal_url,
+            };
+            match secrets::reconcile(&inputs, &plan) {
+                Err(e) => (existing.clone(), None, Some(e.to_string())),
+                Ok(outcome) => {
+                    for change in &outcome.changes {
+                        apply(&secrets_api, &change.secret).await?;
+                    }
+                    let renewed: Vec<String> = outcome
+                        .changes
+                        .iter()
+                        .filter(|c| c.reason != "Created")
+                        .filter_map(|c| c.secret.metadata.name.clone())
+                        .collect();
+                    if !renewed.is_empty() {
+                        publish(
+                            &ctx,
+                            &cluster,
+                            EventType::Normal,
+                            "CertificatesRotated",
+                            "RotateCertificates",
+                            format!("reissued {}", renewed.join(", ")),
+                        )
+                        .await;
+                    }
+                    (
+                        secrets::merged(&existing, &outcome.changes),
+                        outcome.earliest_expiry.map(to_jiff),
+                        None,
+                    )
+                }
+            }
+        }
+    };
+    if let Some(error) = &certificates_error {
+        publish(
+            &ctx,
+            &cluster,
+            EventType::Warning,
+            "InvalidSpec",
+            "IssueCertificates",
+            error.clone(),
+        )
+        .await;
+    }
+
+    // etcd: Services and claims always; member Pods at bootstrap (no member
+    // exists yet, so all start together as a new cluster).
+    let members = spec.mode.replicas() as usize;
+    apply(&services_api, &etcd::client_service(&cluster, &names)).await?;
+    for index in 0..members {
+        apply(
+            &services_api,
+            &etcd::member_service(&cluster, &names, index),
+        )
+        .await?;
+        // Claims are created, never updated: their spec is immutable once bound.
+        if let Some(claim) = etcd::member_claim(&cluster, &names, index)
+            && claims_api
+                .get_opt(&names.etcd_member(index))
+                .await
+                .map_err(Error::Kube)?
+                .is_none()
+        {
+            claims_api
+                .create(&PostParams::default(), &claim)
+                .await
+                .map_err(Error::Kube)?;
+        }
+    }
+    let etcd_image = spec
+        .etcd
+        .component
+        .image
+        .clone()
+        .unwrap_or_else(|| format!("{}/etcd:{etcd_version}-0", ctx.config.registry));
+    if etcd_pods.is_empty() {
+        let initial = etcd::initial_cluster(&names, members);
+        for index in 0..members {
+            let suffix = format!("etcd-{index}");
+            let hash = hash_of(
+                &all_secrets,
+                &[
+                    names.cert_secret(&format!("{suffix}-server")),
+                    names.cert_secret(&format!("{suffix}-peer")),
+                ],
+                &etcd_image,
+            );
+            let pod = etcd::member_pod(
+                &cluster,
+                &names,
+                &MemberPod {
+                    index,
+                    initial_cluster: &initial,
+                    state: ClusterState::New,
+                    image: &etcd_image,
+                    config_hash: &hash,
+                },
+            );
+            let created = pods_api
+                .create(&PostParams::default(), &pod)
+                .await
+                .map_err(Error::Kube)?;
+            etcd_pods.push(created);
+        }
+        publish(
+            &ctx,
+            &cluster,
+            EventType::Normal,
+            "EtcdBootstrapped",
+            "CreateEtcd",
+            format!("created {members} etcd members"),
+        )
+        .await;
+    }
+
+    // The stateless control plane.
+    apply(
+        &services_api,
+        &control_plane::apiserver_internal_service(&cluster, &names),
+    )
+    .await?;
+    apply(
+        &services_api,
+        &control_plane::apiserver_external_service(&cluster, &names),
+    )
+    .await?;
+    let image = |component: &str, spec: &kube_on_kube_api::cluster::ComponentSpec| {
+        spec.image.clone().unwrap_or_else(|| {
+            format!(
+                "{}/{component}:v{}",
+                ctx.config.registry,
+                spec.version.clone().unwrap_or_else(|| version.clone())
+            )
+        })
+    };
+    let api_image = image("kube-apiserver", &spec.api_server.component);
+    let api_secrets = [
+        names.ca_secret(),
+        names.cert_secret("apiserver-tls"),
+        names.cert_secret("apiserver-etcd-client"),
+        names.cert_secret("apiserver-kubelet-client"),
+        names.cert_secret("front-proxy-client"),
+        names.service_account_secret(),
+    ];
+    let hash = hash_of(&all_secrets, &api_secrets, &api_image);
+    let apiserver = apply(
+        &deployments_api,
+        &control_plane::apiserver(
+            &cluster,
+            &names,
+            &PodInputs {
+                image: &api_image,
+                config_hash: &hash,
+            },
+        ),
+    )
+    .await?;
+    let cm_image = image("kube-controller-manager", &spec.controller_manager);
+    let hash = hash_of(
+        &all_secrets,
+        &[
+            names.ca_secret(),
+            names.front_proxy_ca_secret(),
+            names.service_account_secret(),
+            names.kubeconfig_secret("controller-manager"),
+        ],
+        &cm_image,
+    );
+    let controller_manager = apply(
+        &deployments_api,
+        &control_plane::controller_manager(
+            &cluster,
+            &names,
+            &PodInputs {
+                image: &cm_image,
+                config_hash: &hash,
+            },
+        ),
+    )
+    .await?;
+    let sched_image = image("kube-scheduler", &spec.scheduler);
+    let hash = hash_of(
+        &all_secrets,
+        &[names.kubeconfig_secret("scheduler")],
+        &sched_image,
+    );
+    let scheduler = apply(
+        &deployments_api,
+        &control_plane::scheduler(
+            &cluster,
+            &names,
+            &PodInputs {
+                image: &sched_image,
+                config_hash: &hash,
+            },
+        ),
+    )
+    .await?;
+
+    // Status.
+    let observed = status::Observed {
+        etcd_pods: &etcd_pods,
+        apiserver: Some(&apiserver),
+        controller_manager: Some(&controller_manager),
+        scheduler: Some(&scheduler),
+        endpoint,
+        certificates_expire_at: expiry,
+        certificates_error,
+        addons: None,
+        version: &version,
+        etcd_version: &etcd_version,
+    };
+    let status = status::build(&cluster, &names, &observed, Timestamp::now());
+    let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
+    kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
+    // Requeue soon while converging; certificates are re-checked at least hourly.
+    Ok(Action::requeue(if ready {
+        Duration::from_secs(3600)
+    } else {
+        Duration::from_secs(10)
+    }))
 }
 
 /// Transient failures are retried with a delay; the controller runtime adds its

@@ -9,6 +9,7 @@ pub mod names;
 pub mod pki;
 pub mod render;
 pub mod secrets;
+pub mod status;
 
 pub use controller::{Context, run};
 pub use error::Error;

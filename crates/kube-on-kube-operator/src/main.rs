@@ -20,6 +20,17 @@ struct Args {
     /// Clusters reconciled at the same time.
     #[arg(long, env = "KOK_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
+    /// DNS domain of this meta-cluster; control-plane Service names in
+    /// certificates and kubeconfigs end with it.
+    #[arg(long, env = "KOK_META_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    meta_cluster_domain: String,
+    /// Registry of the control-plane images (`<registry>/kube-apiserver:v<version>`,
+    /// `<registry>/etcd:<version>-0`, …) when a Cluster does not name an image.
+    #[arg(long, env = "KOK_IMAGE_REGISTRY", default_value = "registry.k8s.io")]
+    image_registry: String,
+    /// etcd version of Clusters that do not set `spec.etcd.version`.
+    #[arg(long, env = "KOK_ETCD_VERSION", default_value = "3.6.16")]
+    etcd_version: String,
 }
 
 #[tokio::main]
@@ -29,6 +40,11 @@ async fn main() -> anyhow::Result<()> {
     let client = args.client.client().await?;
     let version = client.apiserver_version().await?;
     tracing::info!(server = %version.git_version, namespace = ?args.namespace, "connected to the meta-cluster");
-    kube_on_kube_operator::run(client, args.namespace.as_deref(), args.concurrency).await;
+    let config = kube_on_kube_operator::controller::Config {
+        meta_domain: args.meta_cluster_domain,
+        registry: args.image_registry,
+        etcd_version: args.etcd_version,
+    };
+    kube_on_kube_operator::run(client, args.namespace.as_deref(), args.concurrency, config).await;
     Ok(())
 }

@@ -1,0 +1,366 @@
+//! The Cluster's status as a pure function of what was observed: component
+//! readiness, conditions, phase, endpoint and certificate expiry.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kok_common::conditions::{self, Desired};
+use kube_on_kube_api::cluster::{
+    Cluster, ClusterPhase, ClusterStatus, ComponentStatus, ComponentStatuses, EtcdMemberStatus,
+};
+
+use crate::names::Names;
+
+/// Condition types.
+pub const ETCD_READY: &str = "EtcdReady";
+pub const APISERVER_READY: &str = "APIServerReady";
+pub const CONTROLLER_MANAGER_READY: &str = "ControllerManagerReady";
+pub const SCHEDULER_READY: &str = "SchedulerReady";
+pub const ADDONS_READY: &str = "AddonsReady";
+pub const CERTIFICATES_READY: &str = "CertificatesReady";
+pub const READY: &str = "Ready";
+
+/// What the reconcile saw and did.
+pub struct Observed<'a> {
+    pub etcd_pods: &'a [Pod],
+    pub apiserver: Option<&'a Deployment>,
+    pub controller_manager: Option<&'a Deployment>,
+    pub scheduler: Option<&'a Deployment>,
+    pub endpoint: String,
+    pub certificates_expire_at: Option<Timestamp>,
+    /// Why the PKI step could not finish, if it could not.
+    pub certificates_error: Option<String>,
+    /// Add-ons: None while not attempted yet, Some(Err) with the reason.
+    pub addons: Option<Result<(), String>>,
+    pub version: &'a str,
+    pub etcd_version: &'a str,
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn component(desired: i32, ready: i32, version: &str) -> ComponentStatus {
+    ComponentStatus {
+        version: (ready >= desired && desired > 0).then(|| version.to_string()),
+        desired_replicas: desired,
+        ready_replicas: ready,
+        ready: format!("{ready}/{desired}"),
+    }
+}
+
+fn deployment(d: Option<&Deployment>, desired: i32, version: &str) -> ComponentStatus {
+    let status = d.and_then(|d| d.status.as_ref());
+    let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let updated = status.and_then(|s| s.updated_replicas).unwrap_or(0);
+    let mut c = component(desired, ready, version);
+    // During a rollout older replicas still serve, at the old version.
+    if updated < desired {
+        c.version = None;
+    }
+    c
+}
+
+/// Build the status. `previous` supplies condition transition times.
+pub fn build(
+    cluster: &Cluster,
+    names: &Names,
+    observed: &Observed<'_>,
+    now: Timestamp,
+) -> ClusterStatus {
+    let desired = cluster.spec.mode.replicas();
+    let generation = cluster.metadata.generation;
+    let etcd_ready = observed.etcd_pods.iter().filter(|p| pod_ready(p)).count() as i32;
+    let components = ComponentStatuses {
+        etcd: component(desired, etcd_ready, observed.etcd_version),
+        api_server: deployment(observed.apiserver, desired, observed.version),
+        controller_manager: deployment(observed.controller_manager, desired, observed.version),
+        scheduler: deployment(observed.scheduler, desired, observed.version),
+    };
+    let mut conditions = cluster
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let mut set = |type_: &'static str,
+                   ok: bool,
+                   reason_ok: &'static str,
+                   reason_bad: &'static str,
+                   message: String| {
+        conditions::set(
+            &mut conditions,
+            Desired {
+                type_,
+                status: if ok { "True" } else { "False" },
+                reason: if ok { reason_ok } else { reason_bad },
+                message,
+            },
+            generation,
+            now,
+        );
+        ok
+    };
+    let ok_of =
+        |c: &ComponentStatus| c.ready_replicas >= c.desired_replicas && c.desired_replicas > 0;
+    let etcd_ok = set(
+        ETCD_READY,
+        ok_of(&components.etcd),
+        "MembersReady",
+        "MembersNotReady",
+        format!("{} etcd members ready", components.etcd.ready),
+    );
+    let api_ok = set(
+        APISERVER_READY,
+        ok_of(&components.api_server),
+        "ReplicasReady",
+        "ReplicasNotReady",
+        format!(
+            "{} kube-apiserver replicas ready",
+            components.api_server.ready
+        ),
+    );
+    let cm_ok = set(
+        CONTROLLER_MANAGER_READY,
+        ok_of(&components.controller_manager),
+        "ReplicasReady",
+        "ReplicasNotReady",
+        format!(
+            "{} kube-controller-manager replicas ready",
+            components.controller_manager.ready
+        ),
+    );
+    let sched_ok = set(
+        SCHEDULER_READY,
+        ok_of(&components.scheduler),
+        "ReplicasReady",
+        "ReplicasNotReady",
+        format!(
+            "{} kube-scheduler replicas ready",
+            components.scheduler.ready
+        ),
+    );
+    let certs_ok = set(
+        CERTIFICATES_READY,
+        observed.certificates_error.is_none(),
+        "Issued",
+        "IssueFailed",
+        observed
+            .certificates_error
+            .clone()
+            .unwrap_or_else(|| "every certificate is issued and current".into()),
+    );
+    let addons_ok = match &observed.addons {
+        Some(Ok(())) => set(
+            ADDONS_READY,
+            true,
+            "Applied",
+            "ApplyFailed",
+            "every add-on is applied".into(),
+        ),
+        Some(Err(e)) => set(ADDONS_READY, false, "Applied", "ApplyFailed", e.clone()),
+        None => set(
+            ADDONS_READY,
+            false,
+            "Applied",
+            "WaitingForAPIServer",
+            "add-ons are applied once the API server is ready".into(),
+        ),
+    };
+    let all = etcd_ok && api_ok && cm_ok && sched_ok && certs_ok && addons_ok;
+    let not_ready: Vec<&str> = [
+        (ETCD_READY, etcd_ok),
+        (APISERVER_READY, api_ok),
+        (CONTROLLER_MANAGER_READY, cm_ok),
+        (SCHEDULER_READY, sched_ok),
+        (CERTIFICATES_READY, certs_ok),
+        (ADDONS_READY, addons_ok),
+    ]
+    .iter()
+    .filter(|(_, ok)| !ok)
+    .map(|(t, _)| *t)
+    .collect();
+    set(
+        READY,
+        all,
+        "AllComponentsReady",
+        "ComponentsNotReady",
+        if all {
+            "the control plane is ready".into()
+        } else {
+            format!("not ready: {}", not_ready.join(", "))
+        },
+    );
+
+    let previous_phase = cluster.status.as_ref().and_then(|s| s.phase);
+    let ever_ready = matches!(
+        previous_phase,
+        Some(ClusterPhase::Running) | Some(ClusterPhase::Upgrading) | Some(ClusterPhase::Degraded)
+    );
+    let upgrading = [
+        &components.api_server,
+        &components.controller_manager,
+        &components.scheduler,
+    ]
+    .iter()
+    .any(|c| c.version.is_none() && c.ready_replicas > 0);
+    let phase = if cluster.spec.paused {
+        ClusterPhase::Paused
+    } else if observed.certificates_error.is_some() {
+        ClusterPhase::Failed
+    } else if all {
+        ClusterPhase::Running
+    } else if ever_ready && upgrading {
+        ClusterPhase::Upgrading
+    } else if ever_ready {
+        ClusterPhase::Degraded
+    } else {
+        ClusterPhase::Provisioning
+    };
+    let members = observed
+        .etcd_pods
+        .iter()
+        .map(|p| {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            EtcdMemberStatus {
+                peer_url: names.etcd_peer_url(&name),
+                name,
+                id: None,
+                healthy: pod_ready(p),
+                learner: false,
+            }
+        })
+        .collect();
+    ClusterStatus {
+        observed_generation: generation,
+        phase: Some(phase),
+        conditions,
+        components: Some(components),
+        etcd_members: members,
+        endpoint: Some(observed.endpoint.clone()),
+        admin_kubeconfig_secret: Some(names.kubeconfig_secret("admin")),
+        certificates_expire_at: observed.certificates_expire_at.map(Time),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use kube_on_kube_api::cluster::ClusterMode;
+
+    fn cluster() -> Cluster {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+                .expect("example");
+        c.metadata.generation = Some(2);
+        c.spec.mode = ClusterMode::Minimal;
+        c
+    }
+
+    fn ready_pod(name: &str, ready: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.status = Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn deployment(ready: i32) -> Deployment {
+        Deployment {
+            status: Some(DeploymentStatus {
+                ready_replicas: Some(ready),
+                updated_replicas: Some(ready),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn all_ready_is_running_and_ready() {
+        let c = cluster();
+        let n = Names::new(&c, "cluster.local");
+        let pods = [ready_pod("ci-etcd-0", true)];
+        let d = deployment(1);
+        let s = build(
+            &c,
+            &n,
+            &Observed {
+                etcd_pods: &pods,
+                apiserver: Some(&d),
+                controller_manager: Some(&d),
+                scheduler: Some(&d),
+                endpoint: "https://x:6443".into(),
+                certificates_expire_at: None,
+                certificates_error: None,
+                addons: Some(Ok(())),
+                version: "1.35.4",
+                etcd_version: "3.6.16",
+            },
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.phase, Some(ClusterPhase::Running));
+        assert!(kok_common::conditions::is_true(&s.conditions, READY));
+        assert_eq!(
+            s.components
+                .expect("components")
+                .api_server
+                .version
+                .as_deref(),
+            Some("1.35.4")
+        );
+        assert_eq!(s.observed_generation, Some(2));
+        assert_eq!(
+            s.admin_kubeconfig_secret.as_deref(),
+            Some("ci-admin-kubeconfig")
+        );
+    }
+
+    #[test]
+    fn missing_parts_are_named_in_ready() {
+        let c = cluster();
+        let n = Names::new(&c, "cluster.local");
+        let pods = [ready_pod("ci-etcd-0", false)];
+        let s = build(
+            &c,
+            &n,
+            &Observed {
+                etcd_pods: &pods,
+                apiserver: None,
+                controller_manager: None,
+                scheduler: None,
+                endpoint: "https://x:6443".into(),
+                certificates_expire_at: None,
+                certificates_error: None,
+                addons: None,
+                version: "1.35.4",
+                etcd_version: "3.6.16",
+            },
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.phase, Some(ClusterPhase::Provisioning));
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .expect("ready");
+        assert_eq!(ready.status, "False");
+        assert!(
+            ready.message.contains("EtcdReady") && ready.message.contains("AddonsReady"),
+            "{}",
+            ready.message
+        );
+        assert!(!s.etcd_members[0].healthy);
+    }
+}
