@@ -1,0 +1,205 @@
+//! The Cluster controller against the real API server, with kwok standing in
+//! for the nodes (Pods become Running and Ready without running anything): the
+//! objects it owns appear with owner references, status reports every
+//! component, and deleting the Cluster garbage-collects everything.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kok_testenv::kube_env::KubeEnv;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::ClusterMode;
+use kube_on_kube_operator::controller::{Config, Context, reconcile};
+
+fn example(mode: ClusterMode, namespace: &str, name: &str) -> Cluster {
+    let mut c: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+            .expect("example");
+    c.metadata.namespace = Some(namespace.into());
+    c.metadata.name = Some(name.into());
+    c.spec.mode = mode;
+    // kwok nodes carry no control-plane label, and no provisioner serves claims.
+    c.spec.placement = None;
+    c.spec.etcd.storage =
+        serde_json::from_value(serde_json::json!({"volumeSource": {"emptyDir": {}}}))
+            .expect("storage");
+    c
+}
+
+async fn converge(
+    ctx: &Arc<Context>,
+    api: &Api<Cluster>,
+    name: &str,
+    until: impl Fn(&Cluster) -> bool,
+    timeout: Duration,
+) -> Cluster {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let cluster = api.get(name).await.expect("get cluster");
+        if until(&cluster) {
+            return cluster;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cluster did not converge in {timeout:?}: {:#?}",
+            cluster.status
+        );
+        reconcile(Arc::new(cluster), ctx.clone())
+            .await
+            .expect("reconcile");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn condition(c: &Cluster, type_: &str) -> Option<String> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|x| x.type_ == type_)
+        .map(|x| x.status.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kwok-cluster").await;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        config: Config::default(),
+    });
+    let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &example(ClusterMode::Production, &ns, "prod"),
+    )
+    .await
+    .expect("create");
+
+    let cluster = converge(
+        &ctx,
+        &api,
+        "prod",
+        |c| {
+            [
+                "EtcdReady",
+                "APIServerReady",
+                "ControllerManagerReady",
+                "SchedulerReady",
+                "CertificatesReady",
+            ]
+            .iter()
+            .all(|t| condition(c, t).as_deref() == Some("True"))
+        },
+        Duration::from_secs(120),
+    )
+    .await;
+    let status = cluster.status.clone().expect("status");
+    let components = status.components.expect("components");
+    assert_eq!(components.etcd.ready, "3/3");
+    assert_eq!(components.api_server.ready, "3/3");
+    assert_eq!(components.api_server.version.as_deref(), Some("1.35.4"));
+    assert_eq!(status.etcd_members.len(), 3);
+    assert_eq!(
+        status.endpoint.as_deref(),
+        Some("https://api.prod-east.example.com:6443")
+    );
+    assert!(status.certificates_expire_at.is_some());
+    // Add-ons are not applied against simulated Pods: Ready says which part is missing.
+    assert_eq!(condition(&cluster, "Ready").as_deref(), Some("False"));
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let owned = |meta: &kube::api::ObjectMeta| {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == cluster.uid().unwrap_or_default() && o.controller == Some(true))
+    };
+    let all_secrets = secrets
+        .list(&ListParams::default().labels("kubeonkube.io/cluster=prod"))
+        .await
+        .expect("secrets")
+        .items;
+    // 3 CAs, SA key, 5 leaves, 6 etcd member certs, 4 kubeconfigs, 2 users.
+    assert_eq!(
+        all_secrets.len(),
+        3 + 1 + 5 + 6 + 4 + 2,
+        "{:?}",
+        all_secrets.iter().map(|s| s.name_any()).collect::<Vec<_>>()
+    );
+    assert!(all_secrets.iter().all(|s| owned(&s.metadata)));
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let member = services.get("prod-etcd-1").await.expect("member service");
+    assert_eq!(
+        member
+            .spec
+            .as_ref()
+            .and_then(|s| s.publish_not_ready_addresses),
+        Some(true)
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    for d in [
+        "prod-apiserver",
+        "prod-controller-manager",
+        "prod-scheduler",
+    ] {
+        assert!(
+            owned(&deployments.get(d).await.expect(d).metadata),
+            "{d} is owned"
+        );
+    }
+
+    // A second pass changes nothing: no new certificates.
+    let before: Vec<_> = all_secrets.iter().map(|s| s.resource_version()).collect();
+    reconcile(Arc::new(api.get("prod").await.expect("get")), ctx.clone())
+        .await
+        .expect("reconcile");
+    let after: Vec<_> = secrets
+        .list(&ListParams::default().labels("kubeonkube.io/cluster=prod"))
+        .await
+        .expect("secrets")
+        .items
+        .iter()
+        .map(|s| s.resource_version())
+        .collect();
+    assert_eq!(before, after, "an unchanged cluster rewrote its Secrets");
+
+    // Deleting the Cluster removes everything it owns.
+    let started = Instant::now();
+    api.delete("prod", &DeleteParams::background())
+        .await
+        .expect("delete");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let labels = ListParams::default().labels("kubeonkube.io/cluster=prod");
+    loop {
+        let left = secrets.list(&labels).await.expect("list").items.len()
+            + services.list(&labels).await.expect("list").items.len()
+            + deployments.list(&labels).await.expect("list").items.len()
+            + pods.list(&labels).await.expect("list").items.len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{left} objects still there after 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "cluster objects collected {:?} after delete",
+        started.elapsed()
+    );
+}
