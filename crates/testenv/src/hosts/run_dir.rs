@@ -1,0 +1,132 @@
+//! Each run of test hosts has a directory under `/run/kok-testenv` naming the
+//! process that owns it. That record is what lets a later run clean up after
+//! one that was SIGKILLed, when no code of the dead run could.
+//!
+//! Layout of `/run/kok-testenv/<id>/`: `owner` (pid and start time of the test
+//! process), `subnet`, the client key, `known_hosts`, `artifacts/`, and
+//! `hosts/<index>/` per host (its `init` pid record, host key, log, and
+//! `root/` holding the contents of its private directories).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::error::Error;
+use super::network::{self, Subnet};
+use super::sys::{self, FileLock};
+
+const ROOT: &str = "/run/kok-testenv";
+
+/// Serializes run creation and stale cleanup between test processes.
+pub fn lock() -> Result<FileLock, Error> {
+    fs::create_dir_all(ROOT).map_err(Error::io(ROOT))?;
+    let path = Path::new(ROOT).join(".lock");
+    FileLock::acquire(&path).map_err(Error::io(path))
+}
+
+/// `pid start-time` of a process, so that a reused pid is not mistaken for it.
+fn identity(pid: u32) -> Option<String> {
+    sys::process_start_time(pid).map(|start| format!("{pid} {start}"))
+}
+
+/// True if the process recorded in `file` (by [`record_process`]) still runs.
+fn recorded_process_alive(file: &Path) -> Option<u32> {
+    let record = fs::read_to_string(file).ok()?;
+    let pid: u32 = record.split_whitespace().next()?.parse().ok()?;
+    (identity(pid).as_deref() == Some(record.trim()) && sys::is_running(pid)).then_some(pid)
+}
+
+pub fn record_process(file: &Path, pid: u32) -> Result<(), Error> {
+    let record = identity(pid).unwrap_or_else(|| format!("{pid} 0"));
+    fs::write(file, record).map_err(Error::io(file))
+}
+
+/// Creates the directory of a new run owned by this process. The caller holds
+/// the lock, so nobody sees it half made.
+pub fn create(
+    subnet_for: impl FnOnce(&[Subnet]) -> Result<Subnet, Error>,
+) -> Result<(String, PathBuf, Subnet), Error> {
+    let taken = live_subnets();
+    let subnet = subnet_for(&taken)?;
+    loop {
+        let id = format!("{:06x}", sys::random_u64() & 0xff_ffff);
+        let dir = Path::new(ROOT).join(&id);
+        match fs::create_dir(&dir) {
+            Ok(()) => {
+                record_process(&dir.join("owner"), std::process::id())?;
+                let subnet_file = dir.join("subnet");
+                fs::write(&subnet_file, subnet.third_octet().to_string())
+                    .map_err(Error::io(subnet_file))?;
+                return Ok((id, dir, subnet));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::io(dir)(e)),
+        }
+    }
+}
+
+fn run_dirs() -> Vec<(String, PathBuf)> {
+    let Ok(entries) = fs::read_dir(ROOT) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            (!name.starts_with('.') && e.path().is_dir()).then(|| (name, e.path()))
+        })
+        .collect()
+}
+
+fn owner_alive(dir: &Path) -> bool {
+    recorded_process_alive(&dir.join("owner")).is_some()
+}
+
+fn live_subnets() -> Vec<Subnet> {
+    run_dirs()
+        .into_iter()
+        .filter(|(_, dir)| owner_alive(dir))
+        .filter_map(|(_, dir)| {
+            let text = fs::read_to_string(dir.join("subnet")).ok()?;
+            text.trim().parse().ok().map(Subnet::from_third_octet)
+        })
+        .collect()
+}
+
+/// Removes what runs whose test process has died left behind: their hosts'
+/// processes (normally already gone with the test process), interfaces and
+/// directories. Returns the ids cleaned. The caller holds the lock.
+pub fn clean_stale() -> Result<Vec<String>, Error> {
+    let mut cleaned = Vec::new();
+    let mut live = Vec::new();
+    for (id, dir) in run_dirs() {
+        if owner_alive(&dir) {
+            live.push(id);
+            continue;
+        }
+        let hosts = dir.join("hosts");
+        for host in fs::read_dir(&hosts).into_iter().flatten().flatten() {
+            if let Some(pid) = recorded_process_alive(&host.path().join("init")) {
+                // Init is PID 1 of the host's PID namespace: killing it kills
+                // every process of the host.
+                let _ = sys::kill(pid as i32, libc::SIGKILL);
+            }
+        }
+        remove_tree(&dir)?;
+        cleaned.push(id);
+    }
+    let leftovers: Vec<String> = network::link_names()?
+        .into_iter()
+        .filter(|name| {
+            network::run_id_of_interface(name).is_some_and(|id| !live.iter().any(|l| l == id))
+        })
+        .collect();
+    network::delete_links(&leftovers)?;
+    Ok(cleaned)
+}
+
+pub fn remove_tree(dir: &Path) -> Result<(), Error> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir)(e)),
+        _ => Ok(()),
+    }
+}

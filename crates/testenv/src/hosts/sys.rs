@@ -1,0 +1,236 @@
+//! Safe wrappers over the few Linux calls the test hosts need that std lacks,
+//! so the `unsafe` blocks stay in one place and each says what it relies on.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn cstring(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "contains NUL"))
+}
+
+fn path_cstring(path: &Path) -> io::Result<CString> {
+    cstring(path.as_os_str().as_bytes())
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// mount(2). `source` and `data` are optional as in C.
+pub fn mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let source = source.map(path_cstring).transpose()?;
+    let target = path_cstring(target)?;
+    let fstype = fstype.map(|s| cstring(s.as_bytes())).transpose()?;
+    let data = data.map(|s| cstring(s.as_bytes())).transpose()?;
+    // SAFETY: every pointer is either null or a NUL-terminated string that
+    // outlives the call.
+    let ret = unsafe {
+        libc::mount(
+            source.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            target.as_ptr(),
+            fstype.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            flags,
+            data.as_ref()
+                .map_or(std::ptr::null(), |s| s.as_ptr().cast::<libc::c_void>()),
+        )
+    };
+    check(ret).map(drop)
+}
+
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall without pointers.
+    check(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `name`'s bytes.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// Sends `signal` to `pid` (a negative pid names a process group).
+pub fn kill(pid: i32, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall without pointers.
+    check(unsafe { libc::kill(pid, signal) }).map(drop)
+}
+
+/// Asks the kernel to SIGKILL the calling process when its parent thread exits.
+pub fn die_with_parent() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only; async-signal-safe, so it may
+    // run between fork and exec.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
+}
+
+pub fn parent_pid() -> u32 {
+    // SAFETY: getppid cannot fail.
+    unsafe { libc::getppid() }.unsigned_abs()
+}
+
+/// Creates a new session so that a process and its children form one process
+/// group that can be signalled as a whole. Async-signal-safe.
+pub fn new_session() -> io::Result<()> {
+    // SAFETY: plain syscall without pointers.
+    check(unsafe { libc::setsid() }).map(drop)
+}
+
+pub enum Forked {
+    Child,
+    Parent(i32),
+}
+
+/// fork(2). Only to be called while the process has a single thread: the
+/// child goes on running ordinary Rust code.
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: callers guarantee a single-threaded process, so no lock can be
+    // held by a thread that does not exist in the child.
+    let pid = check(unsafe { libc::fork() })?;
+    Ok(if pid == 0 {
+        Forked::Child
+    } else {
+        Forked::Parent(pid)
+    })
+}
+
+/// A pipe whose both ends close on exec.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Duplicates `fd` onto a new close-on-exec descriptor.
+pub fn dup_cloexec(fd: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl on a descriptor number; failure is reported, not UB.
+    let new = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) })?;
+    // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// Makes descriptor `target` refer to what `source` refers to.
+pub fn dup_onto(source: &impl AsRawFd, target: libc::c_int) -> io::Result<()> {
+    // SAFETY: dup2 on descriptor numbers; `target` is one of 0, 1, 2, which the
+    // process owns.
+    check(unsafe { libc::dup2(source.as_raw_fd(), target) }).map(drop)
+}
+
+/// Makes a thread blocked in `accept` on `socket` return, whatever became
+/// of the address it listens on.
+pub fn shut_down(socket: &impl AsRawFd) {
+    // SAFETY: shutdown on a descriptor the caller keeps open.
+    unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RDWR) };
+}
+
+/// Waits for `fd` to become readable or hung up, for at most `timeout`.
+/// Returns true when it is.
+pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: one valid pollfd.
+        match check(unsafe { libc::poll(&mut pfd, 1, millis) }) {
+            Ok(n) => return Ok(n > 0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads one line from a pipe, giving up at `deadline`. `Ok(None)` means the
+/// other end closed before a full line arrived.
+pub fn read_line_until(
+    reader: &mut (impl Read + AsRawFd),
+    deadline: Instant,
+) -> io::Result<Option<String>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !wait_readable(reader, left)? {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
+        }
+        // One byte at a time so nothing after the newline is consumed: the
+        // next line is read by a later call.
+        match reader.read(&mut byte)? {
+            0 => return Ok(None),
+            _ if byte[0] == b'\n' => return Ok(Some(String::from_utf8_lossy(&line).into_owned())),
+            _ => line.push(byte[0]),
+        }
+    }
+}
+
+/// An exclusive flock(2) held until dropped. Locks belong to the open file,
+/// so two holders in one process exclude each other as well.
+pub struct FileLock(#[allow(dead_code)] File);
+
+impl FileLock {
+    pub fn acquire(path: &Path) -> io::Result<FileLock> {
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }) {
+                Ok(_) => return Ok(FileLock(file)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A process's start time in clock ticks since boot, which together with its
+/// pid names it without ambiguity (pids are reused, start times are not).
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name in parentheses may hold spaces; fields after it don't.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Field 22 overall; after the name, field 3 (state) is the first.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// True if `pid` exists and has not exited (zombies count as gone).
+pub fn is_running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
+}
+
+pub fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: the buffer is 8 writable bytes.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got == 8 {
+        return u64::from_ne_bytes(bytes);
+    }
+    // Never seen in practice; names made from this are checked for collisions anyway.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (nanos as u64) ^ (u64::from(std::process::id()) << 32)
+}

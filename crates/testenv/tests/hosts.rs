@@ -1,0 +1,478 @@
+//! The SSH test hosts against the real sshd, ssh and kernel namespaces: what
+//! node-operator's tests rely on, each checked from the outside as they will.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kok_testenv::hosts::{TestHost, TestHosts, clean_stale_runs};
+
+/// Runs `command` on `host` and returns its stdout; fails the test if it fails.
+fn run(host: &TestHost, command: &str) -> String {
+    let out = host.ssh(command);
+    assert!(
+        out.status.success(),
+        "`{command}` on {} failed ({}): {}{}",
+        host.name(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The exit code of `command` on `host`.
+fn code(host: &TestHost, command: &str) -> i32 {
+    host.ssh(command).status.code().unwrap_or(-1)
+}
+
+/// Polls `check` for up to `limit`.
+fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn install_unit(host: &TestHost, name: &str, text: &str) {
+    run(
+        host,
+        &format!("cat > /etc/systemd/system/{name} <<'EOF'\n{text}EOF\nsystemctl daemon-reload"),
+    );
+}
+
+fn main_pid(host: &TestHost, unit: &str) -> u32 {
+    run(host, &format!("systemctl show -p MainPID --value {unit}"))
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn each_host_has_its_own_name_address_and_files() {
+    let started = Instant::now();
+    let hosts = TestHosts::start(3).unwrap();
+    eprintln!("3 hosts up in {:?}", started.elapsed());
+    let all = hosts.hosts();
+    for host in all {
+        assert_eq!(run(host, "hostname"), host.name());
+        let addrs = run(host, "ip -o -4 addr show");
+        assert!(addrs.contains(&format!("inet {}/24", host.ip())), "{addrs}");
+        for other in all.iter().filter(|o| o.ip() != host.ip()) {
+            assert!(!addrs.contains(&format!("inet {}/", other.ip())), "{addrs}");
+        }
+        // Its own PID namespace: its init is PID 1.
+        assert!(run(host, "cat /proc/1/cmdline").contains("kok-testhost"));
+    }
+
+    let (a, b) = (&all[0], &all[1]);
+    let marker = format!("marker-{}", hosts.run_id());
+    run(
+        a,
+        &format!(
+            "echo on-a > /opt/{marker} && echo on-a > /usr/local/bin/{marker} && \
+             echo on-a > /etc/kubernetes/{marker}"
+        ),
+    );
+    assert_eq!(run(a, &format!("cat /opt/{marker}")), "on-a");
+    for dir in ["/opt", "/usr/local/bin", "/etc/kubernetes"] {
+        assert_eq!(code(b, &format!("test -e {dir}/{marker}")), 1, "{dir} on b");
+        assert!(
+            !Path::new(dir).join(&marker).exists(),
+            "{dir} on the machine"
+        );
+    }
+    let on_machine = a.path_on_host(format!("/opt/{marker}")).unwrap();
+    assert_eq!(std::fs::read_to_string(on_machine).unwrap(), "on-a\n");
+    assert_eq!(a.path_on_host("/usr/bin/env"), None);
+
+    // Hosts reach each other and the machine.
+    run(
+        a,
+        &format!("timeout 5 bash -c 'echo > /dev/tcp/{}/22'", b.ip()),
+    );
+    assert!(
+        hosts
+            .client_private_key_pem()
+            .contains("OPENSSH PRIVATE KEY")
+    );
+    assert!(a.host_public_key().starts_with("ssh-ed25519 "));
+    assert_ne!(a.host_public_key(), b.host_public_key());
+}
+
+const DEMO_UNIT: &str = r#"[Unit]
+Description=Demo service
+[Service]
+Environment=GREETING=hello "SPACED=a b"
+EnvironmentFile=/etc/kubernetes/demo.env
+ExecStart=/bin/sh -c 'echo "started $GREETING $SPACED $FROM_FILE"; exec sleep 1000'
+[Install]
+WantedBy=multi-user.target
+"#;
+
+#[test]
+fn systemctl_starts_stops_and_restarts_units() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    run(host, "echo FROM_FILE=from-file > /etc/kubernetes/demo.env");
+    install_unit(host, "demo.service", DEMO_UNIT);
+    assert_eq!(code(host, "systemctl is-active demo"), 3);
+    assert_eq!(code(host, "systemctl status nonexistent"), 4);
+    assert_eq!(code(host, "systemctl start nonexistent"), 5);
+
+    run(host, "systemctl start demo.service");
+    assert_eq!(run(host, "systemctl is-active demo"), "active");
+    let first = main_pid(host, "demo");
+    assert_ne!(first, 0);
+    assert_eq!(run(host, &format!("ps -o comm= -p {first}")), "sleep");
+    eventually(Duration::from_secs(5), "the unit's output", || {
+        host.ssh("journalctl -u demo --no-pager").stdout == b"started hello a b from-file\n"
+    });
+    let status = run(host, "systemctl status demo");
+    assert!(status.contains("Active: active (running)"), "{status}");
+
+    run(host, "systemctl restart demo");
+    let second = main_pid(host, "demo");
+    assert!(second != 0 && second != first, "{first} then {second}");
+    assert_eq!(code(host, &format!("kill -0 {first}")), 1);
+
+    run(host, "systemctl stop demo");
+    assert_eq!(code(host, "systemctl is-active demo"), 3);
+    assert_eq!(run(host, "systemctl is-active demo || true"), "inactive");
+    assert_eq!(code(host, &format!("kill -0 {second}")), 1);
+    assert_eq!(code(host, "pgrep -x sleep"), 1);
+    assert_eq!(main_pid(host, "demo"), 0);
+
+    // The full path works too, for callers that use it.
+    run(
+        host,
+        "/usr/bin/systemctl start demo && /bin/systemctl is-active demo",
+    );
+}
+
+#[test]
+fn units_restart_by_policy_and_fail_when_they_must() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    install_unit(
+        host,
+        "always.service",
+        "[Service]\nExecStart=/bin/sleep 1000\nRestart=always\nRestartSec=100ms\n",
+    );
+    install_unit(
+        host,
+        "broken.service",
+        "[Service]\nExecStart=/bin/sh -c 'exit 3'\n",
+    );
+    install_unit(
+        host,
+        "flapping.service",
+        "[Service]\nExecStart=/bin/false\nRestart=on-failure\nRestartSec=50ms\n",
+    );
+
+    run(host, "systemctl start always");
+    let first = main_pid(host, "always");
+    run(host, &format!("kill -9 {first}"));
+    eventually(Duration::from_secs(5), "an automatic restart", || {
+        let pid = main_pid(host, "always");
+        pid != 0 && pid != first
+    });
+    assert_eq!(run(host, "systemctl show -p NRestarts --value always"), "1");
+    assert_eq!(run(host, "systemctl is-active always"), "active");
+
+    run(host, "systemctl start broken");
+    eventually(Duration::from_secs(5), "the unit to fail", || {
+        code(host, "systemctl is-failed broken") == 0
+    });
+    assert_eq!(code(host, "systemctl is-active broken"), 3);
+    assert_eq!(
+        run(host, "systemctl show -p Result,ExecMainStatus broken"),
+        "Result=exit-code\nExecMainStatus=3"
+    );
+
+    run(host, "systemctl start flapping");
+    eventually(Duration::from_secs(10), "the start limit", || {
+        host.ssh("systemctl show -p Result --value flapping").stdout == b"start-limit-hit\n"
+    });
+    run(host, "systemctl reset-failed flapping");
+    assert_eq!(
+        run(host, "systemctl is-active flapping || true"),
+        "inactive"
+    );
+}
+
+#[test]
+fn artifact_server_serves_files_to_hosts() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let dir = hosts.artifacts_dir().join("pkg");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("hello.txt"), "hello artifact\n").unwrap();
+
+    let url = hosts.artifact_url("pkg/hello.txt");
+    assert_eq!(run(host, &format!("curl -fsS {url}")), "hello artifact");
+    run(
+        host,
+        &format!(
+            "curl -fsS -o /opt/hello.txt {url} && cmp /opt/hello.txt /dev/stdin <<< 'hello artifact'"
+        ),
+    );
+    let missing = hosts.artifact_url("pkg/missing.txt");
+    assert_eq!(code(host, &format!("curl -fsS {missing}")), 22);
+    assert_eq!(
+        hosts.artifact_requests(),
+        ["/pkg/hello.txt", "/pkg/hello.txt", "/pkg/missing.txt"]
+    );
+}
+
+#[test]
+fn cut_off_hosts_are_unreachable_until_reconnected_with_state_intact() {
+    let hosts = TestHosts::start(2).unwrap();
+    let (a, b) = (&hosts.hosts()[0], &hosts.hosts()[1]);
+    run(a, "echo kept > /var/lib/kubelet/state");
+    install_unit(a, "demo.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    run(a, "systemctl start demo");
+    let pid = main_pid(a, "demo");
+
+    a.cut_off().unwrap();
+    let started = Instant::now();
+    let out = a.ssh_with_timeout("true", Duration::from_secs(1));
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    run(b, "true");
+
+    a.reconnect().unwrap();
+    assert_eq!(run(a, "cat /var/lib/kubelet/state"), "kept");
+    assert_eq!(main_pid(a, "demo"), pid);
+    assert_eq!(run(a, "systemctl is-active demo"), "active");
+}
+
+#[test]
+fn stopping_and_starting_a_host_is_a_reboot() {
+    let hosts = TestHosts::start(2).unwrap();
+    let (a, b) = (&hosts.hosts()[0], &hosts.hosts()[1]);
+    run(a, "echo kept > /opt/state && echo gone > /tmp/state");
+    install_unit(
+        a,
+        "enabled.service",
+        DEMO_UNIT
+            .replace("EnvironmentFile=", "EnvironmentFile=-")
+            .as_str(),
+    );
+    install_unit(
+        a,
+        "manual.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n",
+    );
+    let enabled = a.ssh("systemctl enable enabled");
+    assert!(String::from_utf8_lossy(&enabled.stderr).contains("Created symlink"));
+    assert_eq!(run(a, "systemctl is-enabled enabled"), "enabled");
+    run(a, "systemctl start manual");
+    let before = a.init_pid().unwrap();
+
+    a.stop();
+    assert!(!a.is_running());
+    assert_eq!(
+        a.ssh_with_timeout("true", Duration::from_secs(1))
+            .status
+            .code(),
+        Some(255)
+    );
+    eventually(Duration::from_secs(5), "the old init to go", || {
+        !Path::new(&format!("/proc/{before}")).exists()
+    });
+    run(b, "true");
+
+    a.start().unwrap();
+    assert_ne!(a.init_pid(), Some(before));
+    // Same address and host key: the pinned known_hosts entry still matches.
+    assert_eq!(run(a, "hostname"), a.name());
+    assert_eq!(run(a, "cat /opt/state"), "kept");
+    assert_eq!(code(a, "test -e /tmp/state"), 1);
+    assert_eq!(run(a, "systemctl is-active enabled"), "active");
+    assert_eq!(code(a, "systemctl is-active manual"), 3);
+
+    run(a, "systemctl disable --now enabled");
+    assert_eq!(code(a, "systemctl is-enabled enabled"), 1);
+    assert_eq!(code(a, "systemctl is-active enabled"), 3);
+}
+
+/// The namespaces of a host's init, to find any process left in them.
+fn namespaces_of(pid: u32) -> Vec<String> {
+    ["pid", "net", "mnt"]
+        .iter()
+        .filter_map(|ns| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok())
+        .map(|link| link.display().to_string())
+        .collect()
+}
+
+/// Processes (not zombies, which hold no namespace) in any of `namespaces`.
+fn processes_in(namespaces: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        if stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        {
+            continue;
+        }
+        for ns in ["pid", "net", "mnt"] {
+            let link = std::fs::read_link(entry.path().join("ns").join(ns));
+            if link.is_ok_and(|l| namespaces.contains(&l.display().to_string())) {
+                let cmd = std::fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
+                found.push(format!("{pid} {}", cmd.replace('\0', " ")));
+                break;
+            }
+        }
+    }
+    found
+}
+
+fn interfaces_of(run_id: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("kt{run_id}")))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn assert_nothing_left(run_id: &str, namespaces: &[String], stale_ok: bool) {
+    eventually(
+        Duration::from_secs(10),
+        "the hosts' processes to die",
+        || processes_in(namespaces).is_empty(),
+    );
+    if stale_ok {
+        assert!(clean_stale_runs().unwrap().contains(&run_id.to_owned()));
+    }
+    assert_eq!(interfaces_of(run_id), Vec::<String>::new());
+    assert!(!Path::new("/run/kok-testenv").join(run_id).exists());
+}
+
+#[test]
+fn dropping_the_hosts_leaves_nothing_behind() {
+    let hosts = TestHosts::start(2).unwrap();
+    let host = &hosts.hosts()[0];
+    install_unit(
+        host,
+        "demo.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n",
+    );
+    run(host, "systemctl start demo");
+    let run_id = hosts.run_id().to_owned();
+    let namespaces: Vec<String> = hosts
+        .hosts()
+        .iter()
+        .flat_map(|h| namespaces_of(h.init_pid().unwrap()))
+        .collect();
+    assert_eq!(namespaces.len(), 6);
+    // Per host its launcher, init and sshd, and the unit's process.
+    let processes = processes_in(&namespaces);
+    assert_eq!(processes.len(), 2 * 3 + 1, "{processes:?}");
+    assert_eq!(interfaces_of(&run_id).len(), 3);
+
+    drop(hosts);
+    assert_eq!(processes_in(&namespaces), Vec::<String>::new());
+    assert_nothing_left(&run_id, &namespaces, false);
+}
+
+const CHILD_ENV: &str = "KOK_HOSTS_TEST_CHILD";
+
+/// Not a test of its own: the body of the child process that
+/// `a_dying_test_process_leaves_nothing_behind` starts and then lets panic,
+/// exit, or kills.
+#[test]
+fn child_process_holding_hosts() {
+    let Ok(how) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let hosts = TestHosts::start(2).unwrap();
+    let host = &hosts.hosts()[0];
+    install_unit(
+        host,
+        "demo.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n",
+    );
+    run(host, "systemctl start demo");
+    let pids: Vec<String> = hosts
+        .hosts()
+        .iter()
+        .map(|h| h.init_pid().unwrap_or(0).to_string())
+        .collect();
+    println!("RUN {} {}", hosts.run_id(), pids.join(" "));
+    // Waits until the parent has seen the hosts.
+    let _ = std::io::stdin().read_line(&mut String::new());
+    match how.as_str() {
+        "panic" => panic!("the test fails while holding hosts"),
+        // Leaked, as hosts kept in a static are: only the exit hook is left.
+        "exit" => std::mem::forget(hosts),
+        _ => std::thread::sleep(Duration::from_secs(120)),
+    }
+}
+
+#[test]
+fn a_dying_test_process_leaves_nothing_behind() {
+    let exe = std::env::current_exe().unwrap();
+    for how in ["panic", "exit", "kill"] {
+        let mut child = Command::new(&exe)
+            .args([
+                "child_process_holding_hosts",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, how)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        // libtest may have started the line with the test's name.
+        let line = (&mut stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.find("RUN ").map(|at| l[at..].to_owned()))
+            .unwrap_or_else(|| panic!("the {how} child printed no RUN line"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let run_id = words[1].to_owned();
+        let namespaces: Vec<String> = words[2..]
+            .iter()
+            .flat_map(|pid| namespaces_of(pid.parse().unwrap()))
+            .collect();
+        assert_eq!(namespaces.len(), 6, "{line}");
+        if how == "kill" {
+            child.kill().unwrap();
+        } else {
+            child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        }
+        // Read to the end: a child that cannot print its results fails.
+        std::io::copy(&mut stdout, &mut std::io::sink()).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.success(), how == "exit", "{how}: {status}");
+        assert_nothing_left(&run_id, &namespaces, how == "kill");
+    }
+}
+
+#[test]
+fn many_hosts_start_quickly() {
+    let started = Instant::now();
+    let hosts = TestHosts::start(30).unwrap();
+    let up = started.elapsed();
+    for host in hosts.hosts() {
+        assert_eq!(run(host, "hostname"), host.name());
+    }
+    eprintln!(
+        "30 hosts up in {up:?}, all answered after {:?}",
+        started.elapsed()
+    );
+    assert!(up < Duration::from_secs(30), "{up:?}");
+}
