@@ -38,8 +38,9 @@
 //!
 //! Needs root, `ip`, `ssh`, `ssh-keygen` and `/usr/sbin/sshd`
 //! (`scripts/testhost-deps.sh` installs them), and the `kok-testhost` binary
-//! of this crate, which `cargo test` builds along with this crate's tests and
-//! which is looked up next to the test binary, or at `KOK_TESTHOST_BIN`.
+//! of this crate: at `KOK_TESTHOST_BIN` if set, else next to the test binary
+//! (`cargo test` of this crate or of the workspace puts it there), else
+//! built there on first use.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -52,6 +53,7 @@ mod artifacts;
 mod error;
 #[doc(hidden)]
 pub mod guest;
+mod helper;
 mod launch;
 mod network;
 mod run_dir;
@@ -59,6 +61,7 @@ mod spawner;
 mod sys;
 
 pub use error::Error;
+pub use helper::HELPER_ENV;
 
 use artifacts::ArtifactServer;
 use guest::BootConfig;
@@ -66,6 +69,7 @@ use launch::Running;
 use network::Subnet;
 
 /// Directories whose contents are each host's own: where packages install.
+/// Those missing on the machine are created there (empty), as mount points.
 pub const PRIVATE_DIRS: [&str; 7] = [
     "/opt",
     "/usr/local/bin",
@@ -75,9 +79,6 @@ pub const PRIVATE_DIRS: [&str; 7] = [
     "/var/lib/kubelet",
     "/var/lib/kube-on-kube",
 ];
-
-/// Overrides where the `kok-testhost` binary is looked for.
-pub const HELPER_ENV: &str = "KOK_TESTHOST_BIN";
 
 /// The port every host's sshd listens on.
 pub const SSH_PORT: u16 = 22;
@@ -89,8 +90,7 @@ pub struct HostsOptions {
     /// How many hosts; at most 253.
     pub count: usize,
     /// Absolute paths made private on every host in addition to
-    /// [`PRIVATE_DIRS`]. Missing ones are created (empty) on the machine, as
-    /// mount points.
+    /// [`PRIVATE_DIRS`].
     pub extra_private_dirs: Vec<PathBuf>,
 }
 
@@ -142,7 +142,7 @@ impl TestHosts {
                 max: network::MAX_HOSTS,
             });
         }
-        let helper = helper_path()?;
+        let helper = helper::path()?;
         let mut private_dirs: Vec<PathBuf> = PRIVATE_DIRS.iter().map(PathBuf::from).collect();
         private_dirs.extend(options.extra_private_dirs.iter().cloned());
         for dir in &private_dirs {
@@ -565,31 +565,6 @@ extern "C" fn tear_down_live_runs() {
         // registry lock a dying thread might hold.
         std::mem::forget(runs);
     });
-}
-
-fn helper_path() -> Result<PathBuf, Error> {
-    if let Some(path) = std::env::var_os(HELPER_ENV).filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe().map_err(Error::io("/proc/self/exe"))?;
-    // Test binaries live in target/<profile>/deps, binaries in target/<profile>.
-    let candidates: Vec<PathBuf> = exe
-        .ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("kok-testhost"))
-        .collect();
-    candidates
-        .iter()
-        .find(|c| c.is_file())
-        .cloned()
-        .ok_or_else(|| Error::HelperMissing {
-            searched: candidates
-                .iter()
-                .map(|c| c.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
 }
 
 fn keygen(path: &Path, comment: &str) -> Result<(), Error> {

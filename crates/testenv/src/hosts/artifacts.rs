@@ -53,8 +53,9 @@ impl ArtifactServer {
                     }
                     let Ok(stream) = stream else { continue };
                     let (dir, log) = (dir.clone(), Arc::clone(&log));
-                    // A slow download must not hold up the others.
-                    std::thread::spawn(move || {
+                    // A slow download must not hold up the others. Without a
+                    // thread, the connection is dropped and the client retries.
+                    let _ = std::thread::Builder::new().spawn(move || {
                         let _ = serve(stream, &dir, &log);
                     });
                 }

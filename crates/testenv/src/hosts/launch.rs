@@ -32,6 +32,11 @@ impl Running {
     /// the host's PID namespace, and the launcher exits. Not waited for here,
     /// so that many hosts can be killed at once and then waited for.
     pub fn kill(&mut self) {
+        // Once the launcher has exited, init is gone and its pid may belong
+        // to someone else.
+        if !matches!(self.launcher.try_wait(), Ok(None)) {
+            return;
+        }
         match self.init_pid {
             Some(pid) => {
                 let _ = sys::kill(pid as i32, libc::SIGKILL);

@@ -180,7 +180,9 @@ pub fn read_line_until(
 
 /// An exclusive flock(2) held until dropped. Locks belong to the open file,
 /// so two holders in one process exclude each other as well.
-pub struct FileLock(#[allow(dead_code)] File);
+pub struct FileLock {
+    _file: File,
+}
 
 impl FileLock {
     pub fn acquire(path: &Path) -> io::Result<FileLock> {
@@ -192,7 +194,7 @@ impl FileLock {
         loop {
             // SAFETY: flock on a descriptor we own.
             match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }) {
-                Ok(_) => return Ok(FileLock(file)),
+                Ok(_) => return Ok(FileLock { _file: file }),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }

@@ -522,7 +522,7 @@ impl Manager {
             );
             let manager = Arc::clone(self);
             // Not at once, in case it fails at startup every time.
-            std::thread::spawn(move || {
+            detach("sshd restart", move || {
                 std::thread::sleep(Duration::from_millis(500));
                 let mut state = manager.lock();
                 manager.spawn_sshd(&mut state);
@@ -600,7 +600,7 @@ impl Manager {
         unit.set(Active::AutoRestart, result);
         let generation = unit.generation;
         let manager = Arc::clone(self);
-        std::thread::spawn(move || {
+        detach("restart timer", move || {
             std::thread::sleep(after);
             manager.auto_restart(&name, generation);
         });
@@ -627,7 +627,7 @@ impl Manager {
     fn serve(self: Arc<Self>, listener: UnixListener) {
         for stream in listener.incoming().flatten() {
             let manager = Arc::clone(&self);
-            std::thread::spawn(move || manager.answer(stream));
+            detach("systemctl request", move || manager.answer(stream));
         }
     }
 
@@ -647,6 +647,14 @@ impl Manager {
         if let Ok(bytes) = serde_json::to_vec(&response) {
             let _ = stream.write_all(&bytes);
         }
+    }
+}
+
+/// Runs `work` on a thread of its own. Not being able to start one is
+/// logged rather than fatal: init must keep reaping whatever happens.
+fn detach(what: &str, work: impl FnOnce() + Send + 'static) {
+    if let Err(e) = std::thread::Builder::new().name(what.into()).spawn(work) {
+        eprintln!("kok-testhost init: cannot start a {what} thread: {e}");
     }
 }
 
