@@ -42,12 +42,12 @@
 //! (`cargo test` of this crate or of the workspace puts it there), else
 //! built there on first use.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod artifacts;
 mod error;
@@ -59,6 +59,7 @@ mod network;
 mod run_dir;
 mod spawner;
 mod sys;
+mod tools;
 
 pub use error::Error;
 pub use helper::HELPER_ENV;
@@ -180,7 +181,7 @@ impl TestHosts {
         // From here on, dropping `run` on an error cleans up.
 
         let client_key = run.dir.join("client_key");
-        keygen(&client_key, "kok-testenv")?;
+        tools::keygen(&client_key, "kok-testenv")?;
         let client_key_pem = read(&client_key)?;
         let client_public_key = public_key_of(&read(&client_key.with_extension("pub"))?);
         let artifacts_dir = run.dir.join("artifacts");
@@ -428,12 +429,8 @@ impl TestHost {
     pub fn reconnect(&self) -> Result<(), Error> {
         network::set_link(&network::veth_name(&self.run.id, self.index), true)?;
         let addr = SocketAddr::from((self.ip, SSH_PORT));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if network::wait_until_listening(addr, Duration::from_secs(10)) {
+            return Ok(());
         }
         Err(Error::Unreachable {
             host: self.name.clone(),
@@ -565,25 +562,6 @@ extern "C" fn tear_down_live_runs() {
         // registry lock a dying thread might hold.
         std::mem::forget(runs);
     });
-}
-
-fn keygen(path: &Path, comment: &str) -> Result<(), Error> {
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
-        .arg(path)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| Error::Spawn {
-            program: "ssh-keygen".into(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            program: "ssh-keygen".into(),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(())
 }
 
 fn read(path: &Path) -> Result<String, Error> {

@@ -107,6 +107,9 @@ fn each_host_has_its_own_name_address_and_files() {
     assert_ne!(a.host_public_key(), b.host_public_key());
 }
 
+/// A unit whose process is easy to spot: `sleep 1000`.
+const SLEEP_UNIT: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
+
 const DEMO_UNIT: &str = r#"[Unit]
 Description=Demo service
 [Service]
@@ -209,6 +212,44 @@ fn units_restart_by_policy_and_fail_when_they_must() {
 }
 
 #[test]
+fn oneshot_units_pre_commands_and_unrunnable_programs() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    install_unit(
+        host,
+        "setup.service",
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStartPre=-/bin/false\n\
+         ExecStartPre=/bin/sh -c 'echo pre > /opt/steps'\n\
+         ExecStart=/bin/sh -c 'echo main >> /opt/steps'\n",
+    );
+    install_unit(
+        host,
+        "missing.service",
+        "[Service]\nExecStart=/opt/not-installed\n",
+    );
+
+    run(host, "systemctl start setup");
+    assert_eq!(run(host, "cat /opt/steps"), "pre\nmain");
+    assert_eq!(
+        run(host, "systemctl show -p SubState --value setup"),
+        "exited"
+    );
+    assert_eq!(run(host, "systemctl is-active setup"), "active");
+    assert_eq!(run(host, "systemctl is-enabled setup"), "static");
+
+    // As with systemd's Type=simple: the start succeeds, the unit fails.
+    run(host, "systemctl start missing");
+    eventually(Duration::from_secs(5), "the unit to fail", || {
+        code(host, "systemctl is-failed missing") == 0
+    });
+    assert_eq!(
+        run(host, "systemctl show -p ExecMainStatus --value missing"),
+        "203"
+    );
+    assert!(run(host, "journalctl -u missing").contains("/opt/not-installed"));
+}
+
+#[test]
 fn artifact_server_serves_files_to_hosts() {
     let hosts = TestHosts::start(1).unwrap();
     let host = &hosts.hosts()[0];
@@ -237,7 +278,7 @@ fn cut_off_hosts_are_unreachable_until_reconnected_with_state_intact() {
     let hosts = TestHosts::start(2).unwrap();
     let (a, b) = (&hosts.hosts()[0], &hosts.hosts()[1]);
     run(a, "echo kept > /var/lib/kubelet/state");
-    install_unit(a, "demo.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    install_unit(a, "demo.service", SLEEP_UNIT);
     run(a, "systemctl start demo");
     let pid = main_pid(a, "demo");
 
@@ -266,11 +307,7 @@ fn stopping_and_starting_a_host_is_a_reboot() {
             .replace("EnvironmentFile=", "EnvironmentFile=-")
             .as_str(),
     );
-    install_unit(
-        a,
-        "manual.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n",
-    );
+    install_unit(a, "manual.service", SLEEP_UNIT);
     let enabled = a.ssh("systemctl enable enabled");
     assert!(String::from_utf8_lossy(&enabled.stderr).contains("Created symlink"));
     assert_eq!(run(a, "systemctl is-enabled enabled"), "enabled");
@@ -369,11 +406,7 @@ fn assert_nothing_left(run_id: &str, namespaces: &[String], after_kill: bool) {
 fn dropping_the_hosts_leaves_nothing_behind() {
     let hosts = TestHosts::start(2).unwrap();
     let host = &hosts.hosts()[0];
-    install_unit(
-        host,
-        "demo.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n",
-    );
+    install_unit(host, "demo.service", SLEEP_UNIT);
     run(host, "systemctl start demo");
     let run_id = hosts.run_id().to_owned();
     let namespaces: Vec<String> = hosts
@@ -404,11 +437,7 @@ fn child_process_holding_hosts() {
     };
     let hosts = TestHosts::start(2).unwrap();
     let host = &hosts.hosts()[0];
-    install_unit(
-        host,
-        "demo.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n",
-    );
+    install_unit(host, "demo.service", SLEEP_UNIT);
     run(host, "systemctl start demo");
     let pids: Vec<String> = hosts
         .hosts()

@@ -25,22 +25,13 @@ pub struct ArtifactServer {
 
 impl ArtifactServer {
     pub fn start(ip: IpAddr, dir: PathBuf) -> Result<ArtifactServer, Error> {
-        let listener = TcpListener::bind((ip, 0)).map_err(|source| Error::ArtifactServer {
+        let failed = |source| Error::ArtifactServer {
             addr: ip.to_string(),
             source,
-        })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| Error::ArtifactServer {
-                addr: ip.to_string(),
-                source,
-            })?;
-        let handle = listener
-            .try_clone()
-            .map_err(|source| Error::ArtifactServer {
-                addr: addr.to_string(),
-                source,
-            })?;
+        };
+        let listener = TcpListener::bind((ip, 0)).map_err(failed)?;
+        let addr = listener.local_addr().map_err(failed)?;
+        let handle = listener.try_clone().map_err(failed)?;
         let stopping = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let (stop, log) = (Arc::clone(&stopping), Arc::clone(&requests));
@@ -60,10 +51,7 @@ impl ArtifactServer {
                     });
                 }
             })
-            .map_err(|source| Error::ArtifactServer {
-                addr: addr.to_string(),
-                source,
-            })?;
+            .map_err(failed)?;
         Ok(ArtifactServer {
             addr,
             stopping,

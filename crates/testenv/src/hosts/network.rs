@@ -2,11 +2,12 @@
 //! a /24 nobody else on the machine uses, and one veth pair per host whose
 //! inner end is the host's `eth0`.
 
-use std::io::Write;
-use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use super::error::Error;
+use super::tools;
 
 /// Test subnets are /24s inside this /16.
 const POOL: [u8; 2] = [10, 213];
@@ -191,7 +192,7 @@ fn retry_while_busy(mut op: impl FnMut() -> Result<(), Error>) -> Result<(), Err
         match op() {
             Err(Error::Command { detail, .. }) if detail.contains("File exists") && tries < 40 => {
                 tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(50));
             }
             other => return other,
         }
@@ -234,21 +235,11 @@ fn disable_ipv6(interface: &str) {
 }
 
 fn ip_output(args: &[&str]) -> Result<String, Error> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| Error::Spawn {
-            program: "ip".into(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            program: format!("ip {}", args.join(" ")),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    tools::run(
+        Command::new("ip").args(args),
+        "",
+        &format!("ip {}", args.join(" ")),
+    )
 }
 
 /// Runs `ip -batch -` over `script`. With `force`, `ip` carries on past
@@ -258,35 +249,25 @@ pub fn ip_batch(script: &str, force: bool) -> Result<(), Error> {
     if force {
         command.arg("-force");
     }
-    let mut child = command
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| Error::Spawn {
-            program: "ip".into(),
-            source,
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .map_err(|source| Error::Spawn {
-                program: "ip -batch".into(),
-                source,
-            })?;
+    command.args(["-batch", "-"]);
+    let what = format!("ip -batch ({})", script.lines().next().unwrap_or(""));
+    match tools::run(&mut command, script, &what) {
+        Err(Error::Command { .. }) if force => Ok(()),
+        other => other.map(drop),
     }
-    let out = child.wait_with_output().map_err(|source| Error::Spawn {
-        program: "ip".into(),
-        source,
-    })?;
-    if force || out.status.success() {
-        return Ok(());
+}
+
+/// Polls until something accepts TCP connections at `addr`; false if nothing
+/// does within `limit`.
+pub fn wait_until_listening(addr: SocketAddr, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
-    Err(Error::Command {
-        program: format!("ip -batch ({})", script.lines().next().unwrap_or("")),
-        detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-    })
+    false
 }
 
 #[cfg(test)]

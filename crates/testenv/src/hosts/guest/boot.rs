@@ -14,7 +14,7 @@ use std::convert::Infallible;
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::manager::Manager;
 use super::{LOG_DIR, STATE_MOUNT};
 use crate::hosts::error::Error;
-use crate::hosts::{network, sys};
+use crate::hosts::{network, sys, tools};
 
 /// Everything a host needs to know to boot, passed as JSON on the command line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -350,7 +350,7 @@ fn ensure_host_key(hostname: &str) -> Result<(), Error> {
     if key.exists() {
         return Ok(());
     }
-    crate::hosts::keygen(&key, hostname)
+    tools::keygen(&key, hostname)
 }
 
 fn sshd_config_path() -> PathBuf {
@@ -411,12 +411,8 @@ fn configure_network(config: &BootConfig) -> Result<(), Error> {
 
 fn wait_for_sshd(config: &BootConfig) -> Result<(), Error> {
     let addr = SocketAddr::from((config.address, 22));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    if network::wait_until_listening(addr, Duration::from_secs(60)) {
+        return Ok(());
     }
     Err(Error::Unreachable {
         host: config.hostname.clone(),

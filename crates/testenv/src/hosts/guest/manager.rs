@@ -309,6 +309,9 @@ impl Manager {
                     ),
                 ),
             })?;
+            let Some(file) = unit.loaded.as_ref().map(|l| l.file.clone()) else {
+                return Err(JobError::new(5, format!("Unit {name} not found.")));
+            };
             if matches!(
                 unit.active,
                 Active::Running | Active::Exited | Active::Activating
@@ -317,60 +320,42 @@ impl Manager {
             }
             unit.generation += 1;
             unit.set(Active::Activating, "success");
-            match &unit.loaded {
-                Some(loaded) => loaded.file.clone(),
-                None => return Err(JobError::new(5, format!("Unit {name} not found."))),
-            }
+            file
         };
-        let env = match service_environment(&file) {
-            Ok(env) => env,
-            Err(why) => {
-                self.finish_failed(name, "resources", &why);
-                return Err(JobError::failed(
-                    name,
-                    "of unavailable resources or another system error",
-                ));
-            }
-        };
-        for line in &file.exec_start_pre {
-            let status = self.run_to_completion(name, line, &env, &file)?;
-            if !exited_cleanly(status) && !line.ignore_failure {
-                self.finish_failed(name, "exit-code", "ExecStartPre= failed");
-                return Err(JobError::failed(
-                    name,
-                    "the control process exited with error code",
-                ));
+        let result = self.activate(name, &file);
+        if result.is_err() {
+            // Whatever stopped it on the way, the unit must not stay activating.
+            if let Some(unit) = self.lock().units.get_mut(name)
+                && unit.active == Active::Activating
+            {
+                unit.set(Active::Failed, "resources");
             }
         }
+        result
+    }
+
+    fn activate(&self, name: &str, file: &UnitFile) -> Result<(), JobError> {
+        let env = service_environment(file).map_err(|why| {
+            self.finish_failed(name, "resources", &why);
+            JobError::failed(name, "of unavailable resources or another system error")
+        })?;
+        self.run_all(name, &file.exec_start_pre, &env, file, "ExecStartPre")?;
         match file.service_type {
             ServiceType::Simple => {
-                let line = match file.main_command() {
-                    Ok(line) => line,
-                    Err(why) => {
-                        self.finish_failed(name, "resources", &why);
-                        return Err(JobError::new(1, format!("Failed to start {name}: {why}")));
-                    }
-                };
+                let line = file.main_command().map_err(|why| {
+                    self.finish_failed(name, "resources", &why);
+                    JobError::new(1, format!("Failed to start {name}: {why}"))
+                })?;
                 let mut state = self.lock();
-                let pid = self.spawn(&mut state, name, line, &env, &file)?;
+                let pid = self.spawn(&mut state, name, line, &env, file)?;
                 if let Some(unit) = state.units.get_mut(name) {
                     unit.main_pid = Some(pid);
                     unit.stopping = false;
                     unit.set(Active::Running, "success");
                 }
-                Ok(())
             }
             ServiceType::Oneshot => {
-                for line in &file.exec_start {
-                    let status = self.run_to_completion(name, line, &env, &file)?;
-                    if !exited_cleanly(status) && !line.ignore_failure {
-                        self.finish_failed(name, "exit-code", "ExecStart= failed");
-                        return Err(JobError::failed(
-                            name,
-                            "the control process exited with error code",
-                        ));
-                    }
-                }
+                self.run_all(name, &file.exec_start, &env, file, "ExecStart")?;
                 let done = if file.remain_after_exit {
                     Active::Exited
                 } else {
@@ -379,9 +364,33 @@ impl Manager {
                 if let Some(unit) = self.lock().units.get_mut(name) {
                     unit.set(done, "success");
                 }
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// Runs `lines` one after the other, each to completion; the first that
+    /// fails (and may not) fails the unit.
+    fn run_all(
+        &self,
+        name: &str,
+        lines: &[ExecLine],
+        env: &HashMap<String, String>,
+        file: &UnitFile,
+        setting: &str,
+    ) -> Result<(), JobError> {
+        for line in lines {
+            let status = self.run_to_completion(name, line, env, file)?;
+            if !exited_cleanly(status) && !line.ignore_failure {
+                let why = format!("{setting}= process exited, {}", describe(status));
+                self.finish_failed(name, "exit-code", &why);
+                return Err(JobError::failed(
+                    name,
+                    "the control process exited with error code",
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn finish_failed(&self, name: &str, result: &'static str, why: &str) {
