@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -161,7 +162,10 @@ fn spawn<'a>(helper: &Path, plan: &'a Plan) -> Result<Booting<'a>, Error> {
         .open(&plan.log)
         .map_err(Error::io(&plan.log))?;
     let mut command = Command::new(helper);
+    // A group of its own, so that a Ctrl-C aimed at the test run does not
+    // power hosts off under the test's feet; they go with the test process.
     command
+        .process_group(0)
         .arg("boot")
         .arg(config)
         .stdin(Stdio::piped())
