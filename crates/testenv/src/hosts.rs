@@ -57,13 +57,12 @@ mod helper;
 mod launch;
 mod network;
 mod run_dir;
-mod spawner;
-mod sys;
 mod tools;
 
 pub use error::Error;
 pub use helper::HELPER_ENV;
 
+use crate::sys;
 use artifacts::ArtifactServer;
 use guest::BootConfig;
 use launch::Running;

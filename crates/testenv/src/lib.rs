@@ -7,3 +7,6 @@
 pub mod bins;
 pub mod hosts;
 pub mod kube_env;
+pub mod pods;
+mod process;
+mod sys;

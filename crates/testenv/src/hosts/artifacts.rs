@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::error::Error;
-use super::sys;
+use crate::sys;
 
 pub struct ArtifactServer {
     addr: SocketAddr,

@@ -89,7 +89,7 @@ fn exec_service(args: &[OsString]) -> ExitCode {
         return ExitCode::from(EXIT_EXEC);
     };
     let unit = unit.to_string_lossy();
-    if let Err(e) = super::sys::new_session() {
+    if let Err(e) = crate::sys::new_session() {
         eprintln!("{unit}: setsid: {e}");
     }
     if let Err(e) = std::env::set_current_dir(workdir) {

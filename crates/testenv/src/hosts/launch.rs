@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use super::error::Error;
 use super::guest::BootConfig;
 use super::network::{self, Subnet};
-use super::{run_dir, spawner, sys};
+use super::run_dir;
+use crate::process::spawn_tied_to_process;
+use crate::sys;
 
 /// A host that is up. Dropping it powers the host off.
 pub struct Running {
@@ -171,7 +173,7 @@ fn spawn<'a>(helper: &Path, plan: &'a Plan) -> Result<Booting<'a>, Error> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log);
-    let mut launcher = spawner::spawn_tied_to_process(command).map_err(|source| Error::Spawn {
+    let mut launcher = spawn_tied_to_process(command).map_err(|source| Error::Spawn {
         program: helper.display().to_string(),
         source,
     })?;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::Error;
 use super::network::{self, Subnet};
-use super::sys::{self, FileLock};
+use crate::sys::{self, FileLock};
 
 const ROOT: &str = "/run/kok-testenv";
 

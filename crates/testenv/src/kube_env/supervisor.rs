@@ -12,13 +12,11 @@
 //!   with it, and a Ctrl-C aimed at the test run does not reach it half-way.
 
 use std::fs::File;
-use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc;
-use std::sync::{Mutex, Once, OnceLock};
+use std::sync::{Mutex, Once};
 
 use super::Error;
 
@@ -30,10 +28,6 @@ static LIVE: [AtomicI32; 256] = [const { AtomicI32::new(0) }; 256];
 /// Directories to delete at exit, for environments that are never dropped (the
 /// shared one lives in a static).
 static EXIT_CLEANUP: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-type SpawnReply = mpsc::Sender<io::Result<Child>>;
-
-static SPAWNER: OnceLock<mpsc::Sender<(Command, SpawnReply)>> = OnceLock::new();
 
 static EXIT_HOOK: Once = Once::new();
 
@@ -65,22 +59,7 @@ impl Supervised {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe calls (prctl, getppid); it allocates nothing.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // The parent may have died before the request above was in place.
-                if libc::getppid() != parent {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
-        let child = spawn_on_spawner_thread(command).map_err(Error::io(format!(
+        let child = crate::process::spawn_tied_to_process(command).map_err(Error::io(format!(
             "starting {name} (log {})",
             log.display()
         )))?;
@@ -166,33 +145,6 @@ pub(crate) fn log_tail(log: &Path, lines: usize) -> String {
         }
         Err(e) => format!("(could not read the log: {e})"),
     }
-}
-
-fn spawn_on_spawner_thread(command: Command) -> io::Result<Child> {
-    let spawner = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<(Command, SpawnReply)>();
-        // The sender sits in a static, so `recv` never fails and the thread - and
-        // with it every child's parent-death signal - lives until the process ends.
-        let spawned = std::thread::Builder::new()
-            .name("kok-testenv-spawner".into())
-            .spawn(move || {
-                while let Ok((mut command, reply)) = rx.recv() {
-                    let _ = reply.send(command.spawn());
-                }
-            });
-        if let Err(e) = spawned {
-            // Without the thread every request below fails with a clear message.
-            eprintln!("kok-testenv: could not start the spawner thread: {e}");
-        }
-        tx
-    });
-    let (reply_tx, reply_rx) = mpsc::channel();
-    spawner
-        .send((command, reply_tx))
-        .map_err(|_| io::Error::other("the spawner thread is gone"))?;
-    reply_rx
-        .recv()
-        .map_err(|_| io::Error::other("the spawner thread did not answer"))?
 }
 
 fn record(pid: i32) {

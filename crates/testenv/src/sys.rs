@@ -1,4 +1,4 @@
-//! Safe wrappers over the few Linux calls the test hosts need that std lacks,
+//! Safe wrappers over the few Linux calls the test environment needs that std lacks,
 //! so the `unsafe` blocks stay in one place and each says what it relies on.
 
 use std::ffi::CString;
@@ -235,4 +235,25 @@ pub fn random_u64() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     (nanos as u64) ^ (u64::from(std::process::id()) << 32)
+}
+
+/// setns(2): move this thread into the namespace `file` refers to.
+pub fn setns(file: &File, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor that stays open for the call.
+    check(unsafe { libc::setns(file.as_raw_fd(), nstype) }).map(drop)
+}
+
+/// chroot(2).
+pub fn chroot(path: &Path) -> io::Result<()> {
+    let path = path_cstring(path)?;
+    // SAFETY: a NUL-terminated string that outlives the call.
+    check(unsafe { libc::chroot(path.as_ptr()) }).map(drop)
+}
+
+/// Send `signal` to the process group led by `pid`.
+pub fn kill_group(pid: u32, signal: libc::c_int) {
+    // SAFETY: plain syscall without pointers.
+    unsafe {
+        libc::kill(-(pid as libc::pid_t), signal);
+    }
 }

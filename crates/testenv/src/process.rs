@@ -4,10 +4,10 @@
 //! The kernel sends the parent-death signal when the *thread* that forked a
 //! child exits, not when its process does. Tests run on short-lived threads
 //! (libtest and `#[tokio::test]` give each test its own), so a host forked
-//! from a test thread would be killed when that test ends even if the hosts
-//! are shared with later tests. Forking from a thread that lives as long as
-//! the process ties the hosts to the process instead, including when it is
-//! SIGKILLed.
+//! from a test thread would be killed when that test ends even if it is
+//! shared with later tests. Forking from a thread that lives as long as the
+//! process ties every child (components, test hosts, Pod containers) to the
+//! process instead, including when it is SIGKILLed.
 
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -15,14 +15,14 @@ use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::sync::mpsc::{self, Sender};
 
-use super::sys;
+use crate::sys;
 
 type Job = (Command, Sender<io::Result<Child>>);
 
 static SPAWNER: Mutex<Option<Sender<Job>>> = Mutex::new(None);
 
 /// Spawns `command` so that it gets SIGKILL when this process dies.
-pub fn spawn_tied_to_process(command: Command) -> io::Result<Child> {
+pub(crate) fn spawn_tied_to_process(command: Command) -> io::Result<Child> {
     let jobs = {
         let mut spawner = SPAWNER.lock().unwrap_or_else(|p| p.into_inner());
         match spawner.as_ref() {

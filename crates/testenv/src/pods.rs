@@ -1,0 +1,305 @@
+//! A kubelet for tests: registers Nodes in a test cluster and runs the Pods
+//! bound to them as real processes, each Pod in its own network namespace with
+//! its own address and its volumes mounted at their `mountPath`s, so a control
+//! plane rendered as Pods can be shown to actually work (certificates chain,
+//! etcd peers find each other, the apiserver reaches etcd).
+//!
+//! Container images stand for the locally built programs of the same name
+//! (`kube-apiserver`, `etcd`, the project's own operators…). Services resolve
+//! through a generated `/etc/hosts`; the meta-cluster API is reachable from Pods
+//! as `kubernetes.default.svc` through a proxy on the Pods' gateway.
+
+pub mod exec;
+pub mod expand;
+pub mod hosts_file;
+pub mod images;
+pub mod net;
+pub mod node;
+pub mod probe;
+mod runner;
+pub mod storage;
+pub mod volumes;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use kube::runtime::reflector;
+use tokio::sync::{Notify, watch};
+
+use crate::kube_env::KubeEnv;
+use images::ImageMap;
+use net::PodNetwork;
+
+/// Label every runner Node carries, for node selectors.
+pub const RUNNER_LABEL: &str = "kubeonkube.io/test-runner";
+
+/// Errors starting the runner.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot set up the Pod network: {0}")]
+    Network(#[from] net::NetError),
+    #[error(
+        "cannot find {0}; build it with `cargo build -p kok-testenv --bin kok-pod-exec` or set KOK_POD_EXEC"
+    )]
+    ExecProgram(PathBuf),
+    #[error("cannot find the upstream binaries: {0}")]
+    Bins(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot reach the API server: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// How the runner presents itself.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Node names; every Pod bound to one of them runs here.
+    pub nodes: Vec<String>,
+    /// Labels of every Node (besides `kubernetes.io/hostname` and
+    /// [`RUNNER_LABEL`]).
+    pub labels: BTreeMap<String, String>,
+    /// DNS domain of the cluster the Pods run in.
+    pub cluster_domain: String,
+    /// Extra image name → program mappings (added to the upstream binaries).
+    pub programs: BTreeMap<String, PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            nodes: vec!["runner-0".into()],
+            labels: BTreeMap::new(),
+            cluster_domain: "cluster.local".into(),
+            programs: BTreeMap::new(),
+        }
+    }
+}
+
+/// A running Pod runner. Dropping it stops every Pod's processes and removes
+/// the Pod network.
+pub struct PodRunner {
+    stop: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+    log_dir: PathBuf,
+    gateway: std::net::Ipv4Addr,
+    nodes: Vec<String>,
+}
+
+/// Where `kok-pod-exec` is: `KOK_POD_EXEC`, else beside the running binary's
+/// profile directory (`target/debug/kok-pod-exec` for `target/debug/deps/x`).
+fn find_exec_program() -> Result<PathBuf, Error> {
+    if let Some(path) = std::env::var_os("KOK_POD_EXEC") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().map_err(|source| Error::Io {
+        what: "current executable".into(),
+        source,
+    })?;
+    let candidates = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("kok-pod-exec"))
+        .collect::<Vec<_>>();
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| Error::ExecProgram(candidates.last().cloned().unwrap_or_default()))
+}
+
+impl PodRunner {
+    /// Start a runner for `env`'s cluster. Blocks until its Nodes are
+    /// registered.
+    pub fn start(env: &KubeEnv, options: Options) -> Result<PodRunner, Error> {
+        net::sweep_stale();
+        let exec_program = find_exec_program()?;
+        let _ = exec::EXEC_PROGRAM.set(exec_program.clone());
+        let mut images = ImageMap::default();
+        for name in [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "etcd",
+            "etcdctl",
+            "kubectl",
+            "kwok",
+        ] {
+            images.insert(
+                name,
+                crate::bins::bin(name).map_err(|e| Error::Bins(e.to_string()))?,
+            );
+        }
+        for (name, program) in &options.programs {
+            images.insert(name, program.clone());
+        }
+        let run_id = net::run_id();
+        // One /24 per runner, chosen from the process id so concurrent test
+        // binaries do not collide.
+        let pid = std::process::id();
+        let base = [10, 214 + ((pid >> 8) % 24) as u8, (pid % 256) as u8];
+        let net = PodNetwork::create(&run_id, base)?;
+        let gateway = net.gateway();
+        let state = env.log_dir().join(format!("pods-state-{run_id}"));
+        let log_dir = env.log_dir().join("pods");
+        std::fs::create_dir_all(&state).map_err(|source| Error::Io {
+            what: format!("creating {}", state.display()),
+            source,
+        })?;
+        let mut labels = options.labels.clone();
+        labels.insert(RUNNER_LABEL.into(), "true".into());
+        let kubeconfig = env.kubeconfig().clone();
+        let api_url = env.api_url().to_string();
+        let (stop, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
+        let nodes = options.nodes.clone();
+        let domain = options.cluster_domain.clone();
+        let log_dir_thread = log_dir.clone();
+        let thread = std::thread::Builder::new()
+            .name("kok-pod-runner".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(source) => {
+                        let _ = ready_tx.send(Err(Error::Io {
+                            what: "starting the runner runtime".into(),
+                            source,
+                        }));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let client = match client_for(&kubeconfig).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let proxy = match api_proxy(gateway, &api_url).await {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let (store, writer) = reflector::store();
+                    let shared = Arc::new(runner::Shared {
+                        client,
+                        nodes,
+                        node_labels: labels,
+                        domain,
+                        state: state.clone(),
+                        logs: log_dir_thread,
+                        images,
+                        exec_program,
+                        net,
+                        slices: store,
+                        hosts_files: Mutex::new(Default::default()),
+                        slices_changed: Notify::new(),
+                    });
+                    let _ = ready_tx.send(Ok(()));
+                    runner::run(shared, stop_rx, writer).await;
+                    proxy.abort();
+                    let _ = std::fs::remove_dir_all(&state);
+                });
+            })
+            .map_err(|source| Error::Io {
+                what: "starting the runner thread".into(),
+                source,
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(Error::Io {
+                    what: "the runner thread".into(),
+                    source: std::io::Error::other("exited early"),
+                });
+            }
+        }
+        Ok(PodRunner {
+            stop,
+            thread: Some(thread),
+            log_dir,
+            gateway,
+            nodes: options.nodes,
+        })
+    }
+
+    /// Names of the runner's Nodes.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// The Pods' gateway: the machine's address on the Pod network.
+    pub fn gateway(&self) -> std::net::Ipv4Addr {
+        self.gateway
+    }
+
+    /// Log file of one container (all its restarts appended).
+    pub fn container_log(&self, namespace: &str, pod: &str, uid: &str, container: &str) -> PathBuf {
+        self.log_dir
+            .join(format!("{namespace}_{pod}_{}", &uid[..8.min(uid.len())]))
+            .join(format!("{container}.log"))
+    }
+
+    /// Directory of every container log.
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
+    }
+}
+
+impl Drop for PodRunner {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn client_for(kubeconfig: &kube::config::Kubeconfig) -> Result<kube::Client, Error> {
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
+        .await
+        .map_err(|e| Error::Kube(kube::Error::InferKubeconfig(e)))?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Forward `gateway:443` to the API server, so Pods reach it as
+/// `kubernetes.default.svc` (the server's certificate carries that name).
+async fn api_proxy(
+    gateway: std::net::Ipv4Addr,
+    api_url: &str,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let target = api_url
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_string();
+    let listener = tokio::net::TcpListener::bind((gateway, 443))
+        .await
+        .map_err(|source| Error::Io {
+            what: format!("listening on {gateway}:443"),
+            source,
+        })?;
+    Ok(tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    }))
+}
