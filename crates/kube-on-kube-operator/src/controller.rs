@@ -63,7 +63,8 @@ pub struct Context {
 
 /// Run the Cluster controller until SIGTERM/SIGINT. `namespace` limits it to one
 /// namespace; `None` watches all.
-pub async fn run(client: Client, namespace: Option<&str>, concurrency: u16, config: Config) {
+pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, config: Config) {
+    let namespace = namespace.as_deref();
     fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,

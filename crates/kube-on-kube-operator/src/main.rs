@@ -45,6 +45,6 @@ async fn main() -> anyhow::Result<()> {
         registry: args.image_registry,
         etcd_version: args.etcd_version,
     };
-    kube_on_kube_operator::run(client, args.namespace.as_deref(), args.concurrency, config).await;
+    kube_on_kube_operator::run(client, args.namespace, args.concurrency, config).await;
     Ok(())
 }

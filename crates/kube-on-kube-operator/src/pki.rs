@@ -152,10 +152,124 @@ pub fn issue(
     params.use_authority_key_identifier_extension = true;
     window(&mut params, now, validity);
     let cert = params.signed_by(&key, &issuer).map_err(generate(what))?;
+    let cert_pem = if spec.organizations.len() > 1 {
+        // rcgen keeps one value per attribute type; Kubernetes reads every
+        // organization of the subject as a group, so write the subject again.
+        let subject = subject_der(what, &spec.organizations);
+        let der = with_subject(cert.der(), &subject, issuer.key()).map_err(|message| {
+            PkiError::Parse {
+                what: "issued certificate",
+                message,
+            }
+        })?;
+        pem_encode(&der)
+    } else {
+        cert.pem()
+    };
     Ok(KeyCert {
-        cert_pem: cert.pem(),
+        cert_pem,
         key_pem: key.serialize_pem(),
     })
+}
+
+/// DER tag-length-value.
+fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes: Vec<u8> = len
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|b| *b == 0)
+            .collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// (header length, content length) of the DER element at the start of `der`.
+fn header(der: &[u8]) -> Option<(usize, usize)> {
+    let first = *der.get(1)?;
+    if first < 0x80 {
+        return Some((2, first as usize));
+    }
+    let n = (first & 0x7f) as usize;
+    let len = der
+        .get(2..2 + n)?
+        .iter()
+        .fold(0usize, |acc, b| (acc << 8) | *b as usize);
+    Some((2 + n, len))
+}
+
+/// A subject Name with one CN and one RDN per organization.
+fn subject_der(common_name: &str, organizations: &[String]) -> Vec<u8> {
+    const ORGANIZATION: [u8; 3] = [0x55, 0x04, 0x0a];
+    const COMMON_NAME: [u8; 3] = [0x55, 0x04, 0x03];
+    let rdn = |oid: &[u8], value: &str| {
+        tlv(
+            0x31,
+            &tlv(
+                0x30,
+                &[tlv(0x06, oid), tlv(0x0c, value.as_bytes())].concat(),
+            ),
+        )
+    };
+    let mut rdns: Vec<u8> = organizations
+        .iter()
+        .flat_map(|o| rdn(&ORGANIZATION, o))
+        .collect();
+    rdns.extend(rdn(&COMMON_NAME, common_name));
+    tlv(0x30, &rdns)
+}
+
+/// Replace the subject of a certificate and sign it again with `key`.
+fn with_subject(
+    cert: &[u8],
+    subject: &[u8],
+    key: &impl rcgen::SigningKey,
+) -> Result<Vec<u8>, String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert).map_err(|e| e.to_string())?;
+    let tbs: &[u8] = parsed.tbs_certificate.as_ref();
+    let old_subject = parsed.tbs_certificate.subject.as_raw();
+    let at = (old_subject.as_ptr() as usize)
+        .checked_sub(tbs.as_ptr() as usize)
+        .ok_or("subject outside the TBS")?;
+    let (tbs_header, _) = header(tbs).ok_or("bad TBS")?;
+    let content = &tbs[tbs_header..];
+    let at = at
+        .checked_sub(tbs_header)
+        .ok_or("subject before the TBS content")?;
+    let new_tbs = tlv(
+        0x30,
+        &[&content[..at], subject, &content[at + old_subject.len()..]].concat(),
+    );
+    // Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm, signature }
+    let (outer_header, _) = header(cert).ok_or("bad certificate")?;
+    let after_tbs = outer_header + tbs.len();
+    let (alg_header, alg_len) = header(cert.get(after_tbs..).ok_or("no signature algorithm")?)
+        .ok_or("bad signature algorithm")?;
+    let algorithm = cert
+        .get(after_tbs..after_tbs + alg_header + alg_len)
+        .ok_or("short signature algorithm")?;
+    let signature = key.sign(&new_tbs).map_err(|e| e.to_string())?;
+    let bits = tlv(0x03, &[&[0u8][..], &signature].concat());
+    Ok(tlv(0x30, &[new_tbs, algorithm.to_vec(), bits].concat()))
+}
+
+fn pem_encode(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(chunk));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
 }
 
 /// A new service-account signing key pair: (private PEM, public PEM).
@@ -326,6 +440,34 @@ mod tests {
         )
         .expect("inspect");
         assert_eq!(info.organizations, vec!["system:masters"]);
+    }
+
+    #[test]
+    fn several_groups_are_all_in_the_subject_and_the_signature_holds() {
+        use x509_parser::prelude::FromDer;
+        let ca = new_ca("kubernetes", now()).expect("ca");
+        let user = LeafSpec {
+            common_name: "sre".into(),
+            organizations: vec!["system:masters".into(), "sre".into(), "on-call".into()],
+            dns_names: vec![],
+            ips: vec![],
+            usage: Usage::Client,
+        };
+        let leaf = issue(&ca, &user, now(), Duration::from_secs(60)).expect("leaf");
+        let info = inspect(&leaf.cert_pem).expect("inspect");
+        assert_eq!(info.common_name, "sre");
+        assert_eq!(info.organizations, vec!["system:masters", "sre", "on-call"]);
+        // The re-signed certificate verifies against the CA's key.
+        let (_, ca_pem) = x509_parser::pem::parse_x509_pem(ca.cert_pem.as_bytes()).expect("pem");
+        let ca_cert = ca_pem.parse_x509().expect("ca");
+        let (_, leaf_pem) =
+            x509_parser::pem::parse_x509_pem(leaf.cert_pem.as_bytes()).expect("pem");
+        let (_, leaf_cert) =
+            x509_parser::certificate::X509Certificate::from_der(&leaf_pem.contents).expect("leaf");
+        leaf_cert
+            .verify_signature(Some(ca_cert.public_key()))
+            .expect("signature verifies");
+        assert_eq!(info.issuer, "CN=kubernetes");
     }
 
     #[test]
