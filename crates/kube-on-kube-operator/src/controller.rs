@@ -270,11 +270,12 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .map(|d| (d.name_any(), d))
         .collect();
 
-    let internal_svc = services.get(&names.apiserver_service());
-    let external_svc = services.get(&names.apiserver_external_service());
-    let endpoint = external_url(&cluster, &names, external_svc);
-
     if spec.paused {
+        let endpoint = external_url(
+            &cluster,
+            &names,
+            services.get(&names.apiserver_external_service()),
+        );
         let observed = status::Observed {
             etcd_pods: &etcd_pods,
             apiserver: deployments.get(&names.deployment(Component::ApiServer)),
@@ -296,13 +297,21 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
 
-    // Build and apply: certificates first, everything else mounts them.
-    let ips = service_ips(
-        &[internal_svc, external_svc]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>(),
-    );
+    // The apiserver Services first: their addresses go into the serving
+    // certificate, and issuing it before they exist would mean issuing it twice.
+    let internal_svc = apply(
+        &services_api,
+        &control_plane::apiserver_internal_service(&cluster, &names),
+    )
+    .await?;
+    let external_svc = apply(
+        &services_api,
+        &control_plane::apiserver_external_service(&cluster, &names),
+    )
+    .await?;
+    let endpoint = external_url(&cluster, &names, Some(&external_svc));
+    // Then certificates: everything else mounts them.
+    let ips = service_ips(&[&internal_svc, &external_svc]);
     let validity = kok_common::duration::parse(&spec.certificates.validity)
         .unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let renew_before = kok_common::duration::parse(&spec.certificates.renew_before)
@@ -437,16 +446,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     }
 
     // The stateless control plane.
-    apply(
-        &services_api,
-        &control_plane::apiserver_internal_service(&cluster, &names),
-    )
-    .await?;
-    apply(
-        &services_api,
-        &control_plane::apiserver_external_service(&cluster, &names),
-    )
-    .await?;
     let image = |component: &str, spec: &kube_on_kube_api::cluster::ComponentSpec| {
         spec.image.clone().unwrap_or_else(|| {
             format!(

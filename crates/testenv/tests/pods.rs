@@ -512,3 +512,56 @@ async fn a_claim_outlives_its_pod_and_goes_with_the_claim() {
         "{dir} outlived its claim"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_probes_gate_readiness_and_a_failing_liveness_probe_restarts() {
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("pod-probes").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // Ready once /tmp/ready exists inside the container; alive while
+    // /tmp/dead does not. The container creates the first after a moment and
+    // the second a little later, so it must turn ready, then be restarted.
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probed"},
+        "spec": {
+            "nodeName": runner.nodes()[0],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "sh", "image": "busybox",
+                "command": ["/bin/sh", "-c", "sleep 1; touch /tmp/ready; sleep 4; touch /tmp/dead; sleep 1000"],
+                "readinessProbe": {"exec": {"command": ["test", "-f", "/tmp/ready"]}, "periodSeconds": 1},
+                "livenessProbe": {"exec": {"command": ["/bin/sh", "-c", "test ! -f /tmp/dead"]}, "periodSeconds": 1, "failureThreshold": 2}
+            }]
+        }
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    let first = ready_pod(&client, &ns, "probed").await;
+    assert_eq!(
+        first
+            .status
+            .and_then(|s| s.container_statuses)
+            .expect("statuses")[0]
+            .restart_count,
+        0
+    );
+    let restarted = wait_for("a liveness restart", Duration::from_secs(60), async || {
+        let p = pods.get("probed").await.ok()?;
+        let c = p.status?.container_statuses?.into_iter().next()?;
+        (c.restart_count >= 1).then_some(c)
+    })
+    .await;
+    let last = restarted
+        .last_state
+        .and_then(|s| s.terminated)
+        .expect("last state terminated");
+    assert_ne!(last.exit_code, 0, "the container was killed, not finished");
+    pods.delete("probed", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
