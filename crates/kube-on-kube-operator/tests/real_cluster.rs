@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
+use kok_testenv::wait::wait_for;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
@@ -38,24 +39,6 @@ fn condition(c: &Cluster, type_: &str) -> Option<String> {
         .iter()
         .find(|x| x.type_ == type_)
         .map(|x| x.status.clone())
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {

@@ -10,3 +10,4 @@ pub mod kube_env;
 pub mod pods;
 mod process;
 mod sys;
+pub mod wait;

@@ -257,3 +257,15 @@ pub fn kill_group(pid: u32, signal: libc::c_int) {
         libc::kill(-(pid as libc::pid_t), signal);
     }
 }
+
+/// Make every mount below `/` private, so mounts made next in this mount
+/// namespace do not propagate back to the machine.
+pub fn make_mounts_private() -> io::Result<()> {
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+}

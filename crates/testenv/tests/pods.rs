@@ -5,12 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::{Options, PodRunner};
+use kok_testenv::wait::wait_for;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -27,24 +28,6 @@ fn runner() -> &'static PodRunner {
         )
         .unwrap_or_else(|e| panic!("the Pod runner did not start: {e}"))
     })
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 fn ready(pod: &Pod) -> bool {

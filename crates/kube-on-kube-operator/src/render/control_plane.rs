@@ -410,37 +410,48 @@ fn kubeconfig_volume(names: &Names, identity: &str) -> Volume {
     )
 }
 
+/// Flags of a component that talks to the API with its kubeconfig and serves
+/// its health endpoints on `port`.
+fn kubeconfig_flags(port: i32) -> Vec<(&'static str, String)> {
+    let kubeconfig = format!("{KUBECONFIG_DIR}/kubeconfig");
+    vec![
+        ("kubeconfig", kubeconfig.clone()),
+        ("authentication-kubeconfig", kubeconfig.clone()),
+        ("authorization-kubeconfig", kubeconfig),
+        ("bind-address", "0.0.0.0".into()),
+        ("secure-port", port.to_string()),
+    ]
+}
+
 /// The kube-controller-manager Deployment: signs kubelet CSRs with the cluster
 /// CA and runs the bootstrap-token controllers.
 pub fn controller_manager(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deployment {
     let spec = &cluster.spec;
-    let kubeconfig = format!("{KUBECONFIG_DIR}/kubeconfig");
     let args = flags(
-        vec![
-            ("kubeconfig", kubeconfig.clone()),
-            ("authentication-kubeconfig", kubeconfig.clone()),
-            ("authorization-kubeconfig", kubeconfig),
-            ("bind-address", "0.0.0.0".into()),
-            ("secure-port", CONTROLLER_MANAGER_PORT.to_string()),
-            ("cluster-name", names.cluster.clone()),
-            ("cluster-signing-cert-file", format!("{PKI}/ca.crt")),
-            ("cluster-signing-key-file", format!("{PKI}/ca.key")),
-            ("root-ca-file", format!("{PKI}/ca.crt")),
-            (
-                "requestheader-client-ca-file",
-                format!("{PKI}/front-proxy-ca.crt"),
-            ),
-            ("service-account-private-key-file", format!("{PKI}/sa.key")),
-            ("use-service-account-credentials", "true".into()),
-            ("controllers", "*,bootstrapsigner,tokencleaner".into()),
-            ("allocate-node-cidrs", "true".into()),
-            ("cluster-cidr", spec.network.pod_cidr.clone()),
-            (
-                "service-cluster-ip-range",
-                spec.network.service_cidr.clone(),
-            ),
-            ("leader-elect", (spec.mode.replicas() > 1).to_string()),
-        ],
+        [
+            kubeconfig_flags(CONTROLLER_MANAGER_PORT),
+            vec![
+                ("cluster-name", names.cluster.clone()),
+                ("cluster-signing-cert-file", format!("{PKI}/ca.crt")),
+                ("cluster-signing-key-file", format!("{PKI}/ca.key")),
+                ("root-ca-file", format!("{PKI}/ca.crt")),
+                (
+                    "requestheader-client-ca-file",
+                    format!("{PKI}/front-proxy-ca.crt"),
+                ),
+                ("service-account-private-key-file", format!("{PKI}/sa.key")),
+                ("use-service-account-credentials", "true".into()),
+                ("controllers", "*,bootstrapsigner,tokencleaner".into()),
+                ("allocate-node-cidrs", "true".into()),
+                ("cluster-cidr", spec.network.pod_cidr.clone()),
+                (
+                    "service-cluster-ip-range",
+                    spec.network.service_cidr.clone(),
+                ),
+                ("leader-elect", (spec.mode.replicas() > 1).to_string()),
+            ],
+        ]
+        .concat(),
         &spec.controller_manager,
     );
     let pki = projected(
@@ -481,18 +492,9 @@ pub fn controller_manager(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>)
 /// The kube-scheduler Deployment.
 pub fn scheduler(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deployment {
     let spec = &cluster.spec;
-    let kubeconfig = format!("{KUBECONFIG_DIR}/kubeconfig");
-    let args = flags(
-        vec![
-            ("kubeconfig", kubeconfig.clone()),
-            ("authentication-kubeconfig", kubeconfig.clone()),
-            ("authorization-kubeconfig", kubeconfig),
-            ("bind-address", "0.0.0.0".into()),
-            ("secure-port", SCHEDULER_PORT.to_string()),
-            ("leader-elect", (spec.mode.replicas() > 1).to_string()),
-        ],
-        &spec.scheduler,
-    );
+    let mut ours = kubeconfig_flags(SCHEDULER_PORT);
+    ours.push(("leader-elect", (spec.mode.replicas() > 1).to_string()));
+    let args = flags(ours, &spec.scheduler);
     let container = Container {
         name: "kube-scheduler".into(),
         image: Some(pod.image.into()),

@@ -163,13 +163,7 @@ pub fn enter_and_exec(spec: &Spec) -> io::Error {
         let netns = std::fs::File::open(&spec.netns)?;
         sys::setns(&netns, libc::CLONE_NEWNET)?;
         sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS)?;
-        sys::mount(
-            None,
-            Path::new("/"),
-            None,
-            libc::MS_REC | libc::MS_PRIVATE,
-            None,
-        )?;
+        sys::make_mounts_private()?;
         sys::sethostname(&spec.hostname)?;
         build_root(spec)?;
         sys::chroot(&spec.root)?;

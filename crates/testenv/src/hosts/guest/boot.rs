@@ -239,14 +239,7 @@ fn hold(mut control_in: File) -> Result<Infallible, Error> {
 fn set_up_filesystem(config: &BootConfig) -> Result<(), Error> {
     let setup = |step: String| move |source| Error::HostSetup { step, source };
     // Without this, the mounts below would propagate back to the machine.
-    sys::mount(
-        None,
-        Path::new("/"),
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )
-    .map_err(setup(
+    sys::make_mounts_private().map_err(setup(
         "make the mount tree private (mount --make-rprivate /)".into(),
     ))?;
 
