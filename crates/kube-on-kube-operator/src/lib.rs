@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod controller;
 pub mod error;
+pub mod etcd_api;
 pub mod names;
 pub mod pki;
 pub mod render;

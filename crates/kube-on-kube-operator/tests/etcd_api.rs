@@ -1,0 +1,292 @@
+//! The etcd client against real etcd members over mutual TLS: a three-member
+//! cluster on loopback, then a learner added, caught up, promoted and removed,
+//! with the member list checked after every change.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use kok_testenv::wait::wait_for;
+use kube_on_kube_operator::etcd_api::{ClientTls, EtcdClient, Member};
+use kube_on_kube_operator::pki::{self, KeyCert, LeafSpec, Usage};
+use tokio::process::{Child, Command};
+
+const START: Duration = Duration::from_secs(60);
+const REQUEST: Duration = Duration::from_secs(5);
+
+struct Pki {
+    ca: KeyCert,
+    leaf: KeyCert,
+    ca_file: PathBuf,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &Path) -> Self {
+        let now = time::OffsetDateTime::now_utc();
+        let ca = pki::new_ca("etcd-ca", now).unwrap();
+        let spec = LeafSpec {
+            common_name: "etcd".into(),
+            organizations: vec![],
+            dns_names: vec!["localhost".into()],
+            ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            usage: Usage::ServerAndClient,
+        };
+        let leaf = pki::issue(&ca, &spec, now, Duration::from_secs(3600)).unwrap();
+        let ca_file = dir.join("ca.crt");
+        let cert_file = dir.join("tls.crt");
+        let key_file = dir.join("tls.key");
+        std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+        std::fs::write(&cert_file, &leaf.cert_pem).unwrap();
+        std::fs::write(&key_file, &leaf.key_pem).unwrap();
+        Self {
+            ca,
+            leaf,
+            ca_file,
+            cert_file,
+            key_file,
+        }
+    }
+
+    fn client_tls(&self) -> ClientTls<'_> {
+        ClientTls {
+            ca_pem: &self.ca.cert_pem,
+            cert_pem: &self.leaf.cert_pem,
+            key_pem: &self.leaf.key_pem,
+        }
+    }
+}
+
+/// One etcd process; killed when dropped, so a failing test leaves nothing
+/// behind.
+struct Etcd {
+    name: String,
+    client_url: String,
+    peer_url: String,
+    child: Child,
+}
+
+impl Etcd {
+    fn start(
+        dir: &Path,
+        pki: &Pki,
+        name: &str,
+        ports: (u16, u16),
+        initial_cluster: &str,
+        state: &str,
+    ) -> Self {
+        let client_url = format!("https://127.0.0.1:{}", ports.0);
+        let peer_url = format!("https://127.0.0.1:{}", ports.1);
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let mut cmd = Command::new(kok_testenv::bins::bin("etcd").unwrap());
+        cmd.arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", dir.join(name).display()))
+            .arg(format!("--listen-client-urls={client_url}"))
+            .arg(format!("--advertise-client-urls={client_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={initial_cluster}"))
+            .arg(format!("--initial-cluster-state={state}"))
+            .arg("--initial-cluster-token=etcd-api-test")
+            .arg(format!("--trusted-ca-file={}", pki.ca_file.display()))
+            .arg(format!("--cert-file={}", pki.cert_file.display()))
+            .arg(format!("--key-file={}", pki.key_file.display()))
+            .arg("--client-cert-auth")
+            .arg(format!("--peer-trusted-ca-file={}", pki.ca_file.display()))
+            .arg(format!("--peer-cert-file={}", pki.cert_file.display()))
+            .arg(format!("--peer-key-file={}", pki.key_file.display()))
+            .arg("--peer-client-cert-auth")
+            // Throwaway data: durability only costs time.
+            .arg("--unsafe-no-fsync")
+            .arg("--log-level=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true);
+        let child = cmd.spawn().unwrap();
+        Self {
+            name: name.into(),
+            client_url,
+            peer_url,
+            child,
+        }
+    }
+
+    fn still_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// name -> peer URLs, sorted, for comparing member lists.
+fn by_peer(members: &[Member]) -> Vec<(String, bool)> {
+    let mut list: Vec<_> = members
+        .iter()
+        .map(|m| (m.peer_urls.join(","), m.is_learner))
+        .collect();
+    list.sort();
+    list
+}
+
+async fn wait_healthy(client: &EtcdClient, member: &mut Etcd) {
+    let what = format!("etcd {} to be healthy", member.name);
+    wait_for(&what, START, async || {
+        assert!(member.still_running(), "etcd {} exited", member.name);
+        match client.healthy(&member.client_url).await {
+            Ok(true) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn membership_changes_on_real_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ports: Vec<(u16, u16)> = (0..4).map(|_| (free_port(), free_port())).collect();
+    let initial: Vec<String> = (0..3)
+        .map(|i| format!("m{i}=https://127.0.0.1:{}", ports[i].1))
+        .collect();
+    let initial = initial.join(",");
+    let started = Instant::now();
+    let mut members: Vec<Etcd> = (0..3)
+        .map(|i| {
+            Etcd::start(
+                dir.path(),
+                &pki,
+                &format!("m{i}"),
+                ports[i],
+                &initial,
+                "new",
+            )
+        })
+        .collect();
+
+    // The first endpoint never answers: every call must fall through to the next.
+    let dead = format!("https://127.0.0.1:{}", free_port());
+    let mut endpoints = vec![dead];
+    endpoints.extend(members.iter().map(|m| m.client_url.clone()));
+    let client = EtcdClient::new(endpoints, pki.client_tls(), REQUEST).unwrap();
+    for member in &mut members {
+        wait_healthy(&client, member).await;
+    }
+    eprintln!("three members healthy after {:?}", started.elapsed());
+
+    let list = client.member_list().await.unwrap();
+    let mut names: Vec<_> = list.iter().map(|m| m.name.clone()).collect();
+    names.sort();
+    assert_eq!(names, ["m0", "m1", "m2"]);
+    assert!(list.iter().all(|m| !m.is_learner));
+    let expected: Vec<_> = members
+        .iter()
+        .map(|m| (m.peer_url.clone(), false))
+        .collect();
+    assert_eq!(by_peer(&list), {
+        let mut e = expected.clone();
+        e.sort();
+        e
+    });
+    let status = client.status(&members[0].client_url).await.unwrap();
+    assert!(list.iter().any(|m| m.id == status.member_id));
+    assert!(list.iter().any(|m| m.id == status.leader), "{status:?}");
+
+    // Add a learner and start it with the list etcd returned.
+    let peer3 = format!("https://127.0.0.1:{}", ports[3].1);
+    // etcd refuses membership changes until every voter has been connected
+    // for a few seconds; that refusal is transient.
+    let (learner, with_learner) =
+        wait_for("etcd to accept a learner", START, async || {
+            match client.add_learner(std::slice::from_ref(&peer3)).await {
+                Ok(added) => Some(added),
+                Err(e) if e.is_transient() => None,
+                Err(e) => panic!("adding a learner failed: {e}"),
+            }
+        })
+        .await;
+    eprintln!("learner added after {:?}", started.elapsed());
+    assert!(learner.is_learner);
+    assert_eq!(learner.peer_urls, std::slice::from_ref(&peer3));
+    assert_eq!(with_learner.len(), 4);
+    let listed = client.member_list().await.unwrap();
+    assert_eq!(by_peer(&listed), by_peer(&with_learner));
+    assert!(listed.iter().any(|m| m.id == learner.id && m.is_learner));
+    // Adding the same peer URL again is refused, so a retried step cannot
+    // create a second member.
+    let again = client.add_learner(std::slice::from_ref(&peer3)).await;
+    assert!(again.is_err(), "{again:?}");
+    assert_eq!(client.member_list().await.unwrap().len(), 4);
+
+    let cluster: Vec<String> = with_learner
+        .iter()
+        .map(|m| {
+            let name = if m.id == learner.id { "m3" } else { &m.name };
+            format!("{name}={}", m.peer_urls.join(","))
+        })
+        .collect();
+    let mut fourth = Etcd::start(
+        dir.path(),
+        &pki,
+        "m3",
+        ports[3],
+        &cluster.join(","),
+        "existing",
+    );
+    let caught_up = Instant::now();
+    let learner_status = wait_for("the learner to serve its status", START, async || {
+        assert!(fourth.still_running(), "etcd m3 exited");
+        client.status(&fourth.client_url).await.ok()
+    })
+    .await;
+    assert!(learner_status.is_learner);
+    assert_eq!(learner_status.member_id, learner.id);
+
+    // etcd refuses promotion until the learner has caught up; retry until it
+    // accepts.
+    let promoted = wait_for("the learner to be promoted", START, async || {
+        match client.promote_member(learner.id).await {
+            Ok(members) => Some(members),
+            Err(e) if e.is_learner_not_ready() => None,
+            Err(e) => panic!("promotion failed: {e}"),
+        }
+    })
+    .await;
+    eprintln!(
+        "learner promoted {:?} after it started",
+        caught_up.elapsed()
+    );
+    assert!(promoted.iter().all(|m| !m.is_learner), "{promoted:?}");
+    let listed = client.member_list().await.unwrap();
+    assert_eq!(listed.len(), 4);
+    assert!(listed.iter().all(|m| !m.is_learner));
+    assert!(listed.iter().any(|m| m.id == learner.id && m.name == "m3"));
+    wait_healthy(&client, &mut fourth).await;
+
+    // Remove it again.
+    let remaining = client.remove_member(learner.id).await.unwrap();
+    assert_eq!(remaining.len(), 3);
+    assert!(remaining.iter().all(|m| m.id != learner.id));
+    let listed = client.member_list().await.unwrap();
+    assert_eq!(by_peer(&listed), {
+        let mut e = expected;
+        e.sort();
+        e
+    });
+    // A removed member cannot be removed twice.
+    let twice = client.remove_member(learner.id).await;
+    assert!(twice.is_err(), "{twice:?}");
+    drop(fourth);
+    for member in &mut members {
+        wait_healthy(&client, member).await;
+    }
+    eprintln!("whole test took {:?}", started.elapsed());
+}
