@@ -9,6 +9,67 @@ pub enum Error {
     /// Shared plumbing (apply, status) failed.
     #[error(transparent)]
     Common(#[from] kok_common::Error),
+    /// The host presented a key other than the one pinned in its Machine.
+    #[error(
+        "host key of {host} does not match the pinned spec.ssh.hostPublicKey; refusing to connect (the host was reinstalled or someone is in between): {detail}"
+    )]
+    HostKeyMismatch { host: String, detail: String },
+    /// The host could not be reached (network down, host off, nothing listening).
+    #[error("host {host} is unreachable over SSH: {detail}")]
+    Unreachable { host: String, detail: String },
+    /// Any other SSH failure (authentication, broken session).
+    #[error("SSH to {host} failed: {detail}")]
+    Ssh { host: String, detail: String },
+    /// Preparing the local side of an SSH session failed.
+    #[error("could not prepare the SSH session files: {0}")]
+    LocalIo(#[source] std::io::Error),
+    /// The host's architecture is not one packages are built for.
+    #[error("unsupported host architecture {0:?} (uname -m)")]
+    UnsupportedArch(String),
+    /// The PackageVersion has no artifact for the host's architecture.
+    #[error("package {package} {version} has no artifact for {arch}")]
+    NoArtifact {
+        package: String,
+        version: String,
+        arch: String,
+    },
+    /// The artifact server answered with a non-2xx status.
+    #[error("artifact {url} answered HTTP {status}")]
+    ArtifactHttp { url: String, status: u16 },
+    /// The artifact could not be fetched at all (DNS, connection, timeout).
+    #[error("downloading artifact {url} failed: {detail}")]
+    Download { url: String, detail: String },
+    /// The downloaded artifact is not the one the PackageVersion names.
+    #[error(
+        "artifact {url} has sha256 {actual}, expected {expected}; it was discarded and nothing was switched"
+    )]
+    ChecksumMismatch {
+        url: String,
+        expected: String,
+        actual: String,
+    },
+    /// A template names a placeholder nobody provides a value for.
+    #[error("{what} uses placeholder {{{{{placeholder}}}}} which has no value")]
+    Template { what: String, placeholder: String },
+    /// The package's health check kept failing until its timeout.
+    #[error("health check of {package} {version} failed for {timeout_seconds}s: {detail}")]
+    HealthCheck {
+        package: String,
+        version: String,
+        timeout_seconds: i32,
+        detail: String,
+    },
+    /// Rollback was asked for but the host has no previous version.
+    #[error("package {package} has no previous version to roll back to")]
+    NoPrevious { package: String },
+    /// A step's script failed on the host.
+    #[error("step {step} failed on {host} with exit status {status}: {tail}")]
+    Step {
+        host: String,
+        step: &'static str,
+        status: i32,
+        tail: String,
+    },
 }
 
 impl Error {
@@ -17,6 +78,19 @@ impl Error {
         match self {
             Error::Kube(_) => "kube",
             Error::Common(e) => e.category(),
+            Error::HostKeyMismatch { .. } => "host_key_mismatch",
+            Error::Unreachable { .. } => "unreachable",
+            Error::Ssh { .. } => "ssh",
+            Error::LocalIo(_) => "local_io",
+            Error::UnsupportedArch(_) => "unsupported_arch",
+            Error::NoArtifact { .. } => "no_artifact",
+            Error::ArtifactHttp { .. } => "artifact_http",
+            Error::Download { .. } => "download",
+            Error::ChecksumMismatch { .. } => "checksum_mismatch",
+            Error::Template { .. } => "template",
+            Error::HealthCheck { .. } => "health_check",
+            Error::NoPrevious { .. } => "no_previous",
+            Error::Step { .. } => "install_step",
         }
     }
 }

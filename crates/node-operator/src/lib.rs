@@ -4,6 +4,8 @@
 
 pub mod controller;
 pub mod error;
+pub mod install;
+pub mod ssh;
 
 pub use controller::{Context, run};
 pub use error::Error;
