@@ -6,6 +6,7 @@ pub mod certs;
 pub mod controller;
 pub mod error;
 pub mod etcd_api;
+pub mod membership;
 pub mod names;
 pub mod pki;
 pub mod render;

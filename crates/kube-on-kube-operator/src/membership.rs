@@ -1,0 +1,431 @@
+//! Deciding the one next change to a cluster's etcd membership from what is
+//! observed (etcd's member list, the members' Pods and claims) and the step
+//! recorded before the last change, so that a crash at any point converges
+//! without duplicate, orphaned or recycled members.
+//!
+//! Pure: the caller observes, records the returned step, then carries it out.
+
+use serde::{Deserialize, Serialize};
+
+use crate::etcd_api::Member;
+use crate::names::Names;
+
+/// A member's Pod as observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodState {
+    Absent,
+    /// Running but not (yet) ready: starting or catching up.
+    NotReady,
+    Ready,
+    /// Being deleted.
+    Terminating,
+    /// The caller judged it failed for good (crash-looping, not ready for
+    /// too long): the member is replaced.
+    Failed,
+}
+
+/// A member's data volume claim as observed. Members on a volume source
+/// that is not a claim report `Present`: their data lives as long as they do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimState {
+    Absent,
+    Present,
+    Terminating,
+}
+
+/// One member position (index), whether wanted or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub name: String,
+    pub peer_url: String,
+    pub pod: PodState,
+    pub claim: ClaimState,
+}
+
+impl Slot {
+    /// Slot `index` of the cluster `names` describes.
+    pub fn new(names: &Names, index: usize, pod: PodState, claim: ClaimState) -> Self {
+        let name = names.etcd_member(index);
+        Self {
+            peer_url: names.etcd_peer_url(&name),
+            name,
+            pod,
+            claim,
+        }
+    }
+}
+
+/// A member name and its peer URL, as in etcd's `--initial-cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Peer {
+    pub name: String,
+    pub peer_url: String,
+}
+
+/// `--initial-cluster-state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+impl ClusterState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterState::New => "new",
+            ClusterState::Existing => "existing",
+        }
+    }
+}
+
+/// The value of etcd's `--initial-cluster` flag.
+pub fn initial_cluster_flag(peers: &[Peer]) -> String {
+    peers
+        .iter()
+        .map(|p| format!("{}={}", p.name, p.peer_url))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The one next thing to do. Every variant but `Wait` and `Done` is a change,
+/// recorded before it is carried out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "step",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum Step {
+    /// No member exists anywhere: create every wanted member's Pod (and
+    /// claim) that does not exist yet, with state `new` and this cluster.
+    Bootstrap {
+        initial_cluster: Vec<Peer>,
+    },
+    /// Add the member at `index` as a learner, by its peer URL.
+    AddLearner {
+        index: usize,
+    },
+    /// Create the Pod (and a fresh claim when there is none) of the member at
+    /// `index`.
+    StartMember {
+        index: usize,
+        initial_cluster: Vec<Peer>,
+        state: ClusterState,
+    },
+    /// Promote the learner `id` (at `index`) once etcd agrees it caught up.
+    Promote {
+        id: u64,
+        index: usize,
+    },
+    /// Remove member `id`; `index` is `None` for a member no slot owns.
+    RemoveMember {
+        id: u64,
+        index: Option<usize>,
+    },
+    DeletePod {
+        index: usize,
+    },
+    /// Delete the claim, so a member added back starts from empty data.
+    DeleteClaim {
+        index: usize,
+    },
+    Wait {
+        reason: String,
+    },
+    Done,
+}
+
+impl Step {
+    /// Whether this step changes something (and so must be recorded first).
+    pub fn is_change(&self) -> bool {
+        !matches!(self, Step::Wait { .. } | Step::Done)
+    }
+}
+
+/// Everything the planner looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// How many members are wanted (1 or 3): slots `0..desired`.
+    pub desired: usize,
+    /// Every slot that is wanted or may still hold something, by index.
+    pub slots: &'a [Slot],
+    /// etcd's member list, `None` when no endpoint answered.
+    pub live: Option<&'a [Member]>,
+    /// The last change recorded, cleared when a plan says `Done`.
+    pub recorded: Option<&'a Step>,
+}
+
+fn wait(reason: impl Into<String>) -> Step {
+    Step::Wait {
+        reason: reason.into(),
+    }
+}
+
+/// The one next step.
+pub fn plan(o: &Observed<'_>) -> Step {
+    match o.live {
+        None => plan_unreachable(o),
+        Some(live) => plan_live(o, live),
+    }
+}
+
+fn wanted(o: &Observed<'_>) -> usize {
+    o.desired.min(o.slots.len())
+}
+
+fn bootstrap(o: &Observed<'_>) -> Step {
+    Step::Bootstrap {
+        initial_cluster: o.slots[..wanted(o)]
+            .iter()
+            .map(|s| Peer {
+                name: s.name.clone(),
+                peer_url: s.peer_url.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Without a member list only two things are safe: creating a brand-new
+/// cluster, and restarting members on their own data until a quorum is back.
+fn plan_unreachable(o: &Observed<'_>) -> Step {
+    let nothing_exists = o
+        .slots
+        .iter()
+        .all(|s| s.pod == PodState::Absent && s.claim == ClaimState::Absent);
+    // A bootstrap interrupted half-way has no quorum yet; only the record
+    // tells it apart from a cluster that lost its members.
+    if nothing_exists || matches!(o.recorded, Some(Step::Bootstrap { .. })) {
+        if o.slots[..wanted(o)]
+            .iter()
+            .any(|s| s.pod == PodState::Absent && s.claim != ClaimState::Terminating)
+        {
+            return bootstrap(o);
+        }
+        return wait("etcd is bootstrapping");
+    }
+    // Restart a member on its own data: it still belongs to the cluster, and
+    // the flags are ignored when the data directory exists.
+    let with_data: Vec<Peer> = o
+        .slots
+        .iter()
+        .filter(|s| s.claim == ClaimState::Present)
+        .map(|s| Peer {
+            name: s.name.clone(),
+            peer_url: s.peer_url.clone(),
+        })
+        .collect();
+    if let Some(index) = o
+        .slots
+        .iter()
+        .position(|s| s.pod == PodState::Absent && s.claim == ClaimState::Present)
+    {
+        return Step::StartMember {
+            index,
+            initial_cluster: with_data,
+            state: ClusterState::Existing,
+        };
+    }
+    wait("no etcd member answers")
+}
+
+/// What is known about one live member.
+struct LiveMember<'a> {
+    member: &'a Member,
+    slot: Option<usize>,
+}
+
+impl LiveMember<'_> {
+    fn ready(&self, o: &Observed<'_>) -> bool {
+        self.slot.is_some_and(|i| o.slots[i].pod == PodState::Ready)
+    }
+    /// A member that never started has not published its name yet.
+    fn started(&self) -> bool {
+        !self.member.name.is_empty()
+    }
+}
+
+/// The slot a live member belongs to: identity is the peer URL, never the
+/// member ID, which changes every time a member is added back.
+fn slot_of(o: &Observed<'_>, member: &Member) -> Option<usize> {
+    o.slots
+        .iter()
+        .position(|s| member.peer_urls.contains(&s.peer_url))
+}
+
+fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
+    let members: Vec<LiveMember<'_>> = live
+        .iter()
+        .map(|member| LiveMember {
+            member,
+            slot: slot_of(o, member),
+        })
+        .collect();
+    let in_list = |index: usize| members.iter().find(|m| m.slot == Some(index));
+    let wanted = wanted(o);
+
+    // 1. Finish a learner first: nothing else changes while one exists.
+    if let Some(learner) = members.iter().find(|m| m.member.is_learner) {
+        return finish_learner(o, live, &members, learner, wanted);
+    }
+
+    // 2. Restart members that lost only their Pod, and clear what remains
+    //    of members etcd no longer has, before any new change.
+    for (index, slot) in o.slots.iter().enumerate() {
+        match in_list(index) {
+            Some(m) if slot.pod == PodState::Absent => match slot.claim {
+                ClaimState::Terminating => {
+                    return wait(format!("claim of {} is being deleted", slot.name));
+                }
+                ClaimState::Present => return start_member(o, live, index),
+                // Never started: its claim is created with its Pod.
+                ClaimState::Absent if !m.started() => return start_member(o, live, index),
+                // Started and lost its data: replaced below.
+                ClaimState::Absent => {}
+            },
+            Some(_) => {}
+            None => {
+                if let Some(step) = clear_leftovers(index, slot) {
+                    return step;
+                }
+            }
+        }
+    }
+
+    // 3. Replace voters that failed or lost their data.
+    for m in &members {
+        let Some(index) = m.slot else { continue };
+        let slot = &o.slots[index];
+        let lost_data = m.started() && slot.claim != ClaimState::Present;
+        if slot.pod == PodState::Failed || lost_data {
+            let why = if lost_data { "lost its data" } else { "failed" };
+            return remove(o, &members, m, &format!("member {} {why}", slot.name));
+        }
+    }
+
+    // 4. Nothing new while a voter is not serving.
+    if let Some(m) = members.iter().find(|m| m.slot.is_some() && !m.ready(o)) {
+        let name = m.slot.map(|i| o.slots[i].name.as_str()).unwrap_or("?");
+        return wait(format!("member {name} is not ready"));
+    }
+
+    // 5. Scale in, and drop members no slot owns, highest index first.
+    let surplus = members
+        .iter()
+        .filter(|m| m.slot.is_none_or(|i| i >= wanted))
+        .max_by_key(|m| m.slot.map_or(usize::MAX, |i| i));
+    if let Some(m) = surplus {
+        let what = match m.slot {
+            Some(i) => format!("scaling in: member {}", o.slots[i].name),
+            None => format!("member {:x} belongs to no slot", m.member.id),
+        };
+        return remove(o, &members, m, &what);
+    }
+
+    // 6. Scale out (or re-add a removed member) one learner at a time.
+    if let Some(index) = (0..wanted).find(|&i| in_list(i).is_none()) {
+        return Step::AddLearner { index };
+    }
+    Step::Done
+}
+
+/// Leftover Pod or claim of slot `index`, which etcd does not list: a
+/// removed member's, or one never added. Deleted so the member can never
+/// come back on its old data.
+fn clear_leftovers(index: usize, slot: &Slot) -> Option<Step> {
+    match (slot.pod, slot.claim) {
+        (PodState::Terminating, _) => Some(wait(format!("pod of {} is terminating", slot.name))),
+        (PodState::Absent, ClaimState::Absent) => None,
+        (PodState::Absent, ClaimState::Terminating) => {
+            Some(wait(format!("claim of {} is being deleted", slot.name)))
+        }
+        (PodState::Absent, ClaimState::Present) => Some(Step::DeleteClaim { index }),
+        _ => Some(Step::DeletePod { index }),
+    }
+}
+
+fn finish_learner(
+    o: &Observed<'_>,
+    live: &[Member],
+    members: &[LiveMember<'_>],
+    learner: &LiveMember<'_>,
+    wanted: usize,
+) -> Step {
+    let id = learner.member.id;
+    let Some(index) = learner.slot.filter(|&i| i < wanted) else {
+        return remove(o, members, learner, "learner is not wanted");
+    };
+    let slot = &o.slots[index];
+    match (slot.pod, slot.claim) {
+        (PodState::Absent, ClaimState::Terminating) => {
+            wait(format!("claim of {} is being deleted", slot.name))
+        }
+        (PodState::Absent, ClaimState::Absent) if learner.started() => {
+            remove(o, members, learner, "learner lost its data")
+        }
+        // A claim of a learner can only be the fresh one made to start it.
+        (PodState::Absent, _) => start_member(o, live, index),
+        (PodState::Ready, _) => Step::Promote { id, index },
+        (PodState::Failed, _) => remove(o, members, learner, "learner failed"),
+        (PodState::NotReady | PodState::Terminating, _) => {
+            wait(format!("learner {} is catching up", slot.name))
+        }
+    }
+}
+
+fn start_member(o: &Observed<'_>, live: &[Member], index: usize) -> Step {
+    let initial_cluster = live
+        .iter()
+        .flat_map(|m| {
+            let slot = slot_of(o, m).map(|i| &o.slots[i]);
+            // Members not started yet have no name; the slot knows it.
+            let name = match (m.name.is_empty(), slot) {
+                (true, Some(s)) => s.name.clone(),
+                _ => m.name.clone(),
+            };
+            m.peer_urls.iter().map(move |u| Peer {
+                name: name.clone(),
+                peer_url: u.clone(),
+            })
+        })
+        .collect();
+    Step::StartMember {
+        index,
+        initial_cluster,
+        state: ClusterState::Existing,
+    }
+}
+
+/// Remove `target` if the voters left behind that are healthy still make a
+/// quorum of the smaller cluster; otherwise wait and say why.
+fn remove(
+    o: &Observed<'_>,
+    members: &[LiveMember<'_>],
+    target: &LiveMember<'_>,
+    why: &str,
+) -> Step {
+    let step = Step::RemoveMember {
+        id: target.member.id,
+        index: target.slot,
+    };
+    if target.member.is_learner {
+        return step;
+    }
+    let remaining: Vec<_> = members
+        .iter()
+        .filter(|m| !m.member.is_learner && m.member.id != target.member.id)
+        .collect();
+    let healthy = remaining.iter().filter(|m| m.ready(o)).count();
+    let quorum = remaining.len() / 2 + 1;
+    if remaining.is_empty() || healthy < quorum {
+        return wait(format!(
+            "{why}, but removing it would leave {healthy} healthy of {} voters, short of a quorum of {quorum}",
+            remaining.len()
+        ));
+    }
+    step
+}
+
+#[cfg(test)]
+mod tests;
