@@ -1,0 +1,336 @@
+//! Installing package versions over SSH on real sshd test hosts: fresh
+//! install, idempotent re-runs, upgrade and rollback, and the faults that must
+//! leave the running version alone.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kok_testenv::hosts::{TestHost, TestHosts};
+use kube_on_kube_api::package::{
+    Arch, Artifact, ArtifactFormat, Binary, ConfigFile, HealthCheck, InstallSpec,
+    PackageVersionSpec, SystemdUnit,
+};
+use node_operator::Error;
+use node_operator::install::Installer;
+use node_operator::ssh::{Session, Target, Timeouts};
+
+const PKG: &str = "fake-kubelet";
+const DIR: &str = "/opt/kube-on-kube/packages/fake-kubelet";
+
+fn timeouts() -> Timeouts {
+    Timeouts {
+        connect: Duration::from_secs(3),
+        run: Duration::from_secs(60),
+    }
+}
+
+fn target(hosts: &TestHosts, host: &TestHost) -> Target {
+    Target {
+        ip: host.ip(),
+        port: host.port(),
+        user: "root".into(),
+        private_key_pem: hosts.client_private_key_pem(),
+        host_public_key: host.host_public_key().to_string(),
+    }
+}
+
+/// Runs `command` on `host` and returns its trimmed stdout.
+fn on(host: &TestHost, command: &str) -> String {
+    let output = host.ssh(command);
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// Packs a `bin/fake-kubelet` that reports `version` into the artifact
+/// directory and returns its file name and sha256.
+fn make_artifact(hosts: &TestHosts, version: &str) -> (String, String) {
+    let work = tempfile::tempdir().unwrap();
+    let bin = work.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = format!(
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-kubelet {version}; exit 0; fi\nexec sleep 100000\n"
+    );
+    let exe = bin.join("fake-kubelet");
+    std::fs::write(&exe, script).unwrap();
+    run_local(Command::new("chmod").arg("0755").arg(&exe));
+    let file = format!("fake-kubelet-{version}.tar.gz");
+    let archive = hosts.artifacts_dir().join(&file);
+    run_local(
+        Command::new("tar")
+            .arg("-czf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(work.path())
+            .arg("bin"),
+    );
+    (file, sha256(&archive))
+}
+
+fn run_local(command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{command:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn sha256(path: &Path) -> String {
+    run_local(Command::new("sha256sum").arg(path))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn spec(hosts: &TestHosts, version: &str, file: &str, sha: &str) -> PackageVersionSpec {
+    PackageVersionSpec {
+        package: PKG.into(),
+        version: version.into(),
+        artifacts: vec![Artifact {
+            arch: Arch::Amd64,
+            url: hosts.artifact_url(file),
+            sha256: sha.into(),
+            format: ArtifactFormat::TarGz,
+        }],
+        install: InstallSpec {
+            binaries: vec![Binary {
+                path: "bin/fake-kubelet".into(),
+                link: Some("/usr/local/bin/fake-kubelet".into()),
+            }],
+            files: vec![ConfigFile {
+                path: "/etc/kubernetes/fake-kubelet.yaml".into(),
+                template: "nodeIP: {{nodeIP}}\nversion: {{version}}\n".into(),
+                mode: "0600".into(),
+            }],
+            systemd_unit: Some(SystemdUnit {
+                name: "fake-kubelet.service".into(),
+                content: "[Unit]\nDescription=fake kubelet\n[Service]\nExecStart=/usr/local/bin/fake-kubelet\nRestart=always\n[Install]\nWantedBy=multi-user.target\n".into(),
+            }),
+            requires_drain: false,
+        },
+        health_check: Some(HealthCheck {
+            command: Some(vec!["/usr/local/bin/fake-kubelet".into(), "--version".into()]),
+            http_get: None,
+            timeout_seconds: 10,
+        }),
+        depends_on: vec![],
+    }
+}
+
+fn values(host: &TestHost) -> BTreeMap<String, String> {
+    BTreeMap::from([("nodeIP".to_string(), host.ip().to_string())])
+}
+
+fn main_pid(host: &TestHost) -> String {
+    on(host, "systemctl show -p MainPID fake-kubelet.service")
+}
+
+#[tokio::test]
+async fn install_rerun_upgrade_and_rollback() {
+    let started = Instant::now();
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let (file1, sha1) = make_artifact(&hosts, "1.0.0");
+    let (file2, sha2) = make_artifact(&hosts, "2.0.0");
+    let v1 = spec(&hosts, "1.0.0", &file1, &sha1);
+    let v2 = spec(&hosts, "2.0.0", &file2, &sha2);
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let installer = Installer::new(&session);
+
+    let t = Instant::now();
+    let result = installer.install(&v1, &values(host)).await.unwrap();
+    eprintln!("fresh install in {:?}", t.elapsed());
+    assert!(result.changed, "{result:?}");
+    assert_eq!(result.version, "1.0.0");
+    assert_eq!(result.previous, None);
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+    assert_eq!(on(host, &format!("cat {DIR}/1.0.0/.complete")), sha1);
+    assert_eq!(
+        on(host, "readlink /usr/local/bin/fake-kubelet"),
+        format!("{DIR}/current/bin/fake-kubelet")
+    );
+    assert_eq!(
+        on(host, "/usr/local/bin/fake-kubelet --version"),
+        "fake-kubelet 1.0.0"
+    );
+    assert_eq!(
+        on(host, "cat /etc/kubernetes/fake-kubelet.yaml"),
+        format!("nodeIP: {}\nversion: 1.0.0", host.ip())
+    );
+    assert_eq!(
+        on(host, "stat -c %a /etc/kubernetes/fake-kubelet.yaml"),
+        "600"
+    );
+    assert_eq!(
+        on(host, "systemctl is-active fake-kubelet.service"),
+        "active"
+    );
+    assert_eq!(
+        on(host, &format!("ls -A {DIR}")),
+        "1.0.0\ncurrent",
+        "no temporary files left"
+    );
+
+    let pid = main_pid(host);
+    let downloads = hosts.artifact_requests().len();
+    let t = Instant::now();
+    let again = installer.install(&v1, &values(host)).await.unwrap();
+    eprintln!("re-run in {:?}", t.elapsed());
+    assert!(!again.changed, "{again:?}");
+    assert!(again.steps.iter().all(|s| !s.changed), "{again:?}");
+    assert_eq!(main_pid(host), pid, "not restarted");
+    assert_eq!(
+        hosts.artifact_requests().len(),
+        downloads,
+        "not downloaded again"
+    );
+
+    let up = installer.install(&v2, &values(host)).await.unwrap();
+    assert!(up.changed);
+    assert_eq!(up.version, "2.0.0");
+    assert_eq!(up.previous.as_deref(), Some("1.0.0"));
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), "2.0.0");
+    assert_eq!(on(host, &format!("readlink {DIR}/previous")), "1.0.0");
+    assert_eq!(
+        on(host, "/usr/local/bin/fake-kubelet --version"),
+        "fake-kubelet 2.0.0"
+    );
+    assert_ne!(main_pid(host), pid, "restarted onto the new version");
+
+    let back = installer
+        .rollback(PKG, Some("fake-kubelet.service"), v1.health_check.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(back.version, "1.0.0");
+    assert_eq!(back.previous.as_deref(), Some("2.0.0"));
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+    assert_eq!(
+        on(host, "/usr/local/bin/fake-kubelet --version"),
+        "fake-kubelet 1.0.0"
+    );
+    assert_eq!(
+        on(host, "systemctl is-active fake-kubelet.service"),
+        "active"
+    );
+    session.close().await;
+    eprintln!("whole test in {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn bad_artifacts_and_failing_health_checks_leave_current_alone() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let (file1, sha1) = make_artifact(&hosts, "1.0.0");
+    let (file2, _) = make_artifact(&hosts, "2.0.0");
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let installer = Installer::new(&session);
+    installer
+        .install(&spec(&hosts, "1.0.0", &file1, &sha1), &values(host))
+        .await
+        .unwrap();
+    let pid = main_pid(host);
+
+    // v2's artifact with v1's checksum.
+    let err = installer
+        .install(&spec(&hosts, "2.0.0", &file2, &sha1), &values(host))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&sha1), "{err}");
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+    assert_eq!(
+        on(host, &format!("ls -A {DIR}")),
+        "1.0.0\ncurrent",
+        "nothing of 2.0.0 kept"
+    );
+    assert_eq!(main_pid(host), pid);
+
+    let err = installer
+        .install(
+            &spec(&hosts, "3.0.0", "missing.tar.gz", &sha1),
+            &values(host),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ArtifactHttp { status: 404, .. }),
+        "{err}"
+    );
+    assert_eq!(err.category(), "artifact_http");
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+
+    let (file4, sha4) = make_artifact(&hosts, "4.0.0");
+    let mut broken = spec(&hosts, "4.0.0", &file4, &sha4);
+    broken.health_check = Some(HealthCheck {
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo not ready; exit 1".into(),
+        ]),
+        http_get: None,
+        timeout_seconds: 2,
+    });
+    let err = installer.install(&broken, &values(host)).await.unwrap_err();
+    assert!(matches!(err, Error::HealthCheck { .. }), "{err}");
+    assert!(err.to_string().contains("not ready"), "{err}");
+    session.close().await;
+}
+
+#[tokio::test]
+async fn host_key_mismatch_is_refused() {
+    let hosts = TestHosts::start(2).unwrap();
+    let (a, b) = (&hosts.hosts()[0], &hosts.hosts()[1]);
+    let mut wrong = target(&hosts, a);
+    wrong.host_public_key = b.host_public_key().to_string();
+    let t = Instant::now();
+    let err = Session::connect(&wrong, timeouts())
+        .await
+        .err()
+        .expect("connect must fail");
+    eprintln!("refused in {:?}", t.elapsed());
+    assert!(matches!(err, Error::HostKeyMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("does not match"), "{err}");
+
+    let session = Session::connect(&target(&hosts, a), timeouts())
+        .await
+        .unwrap();
+    let output = session.run("hostname").await.unwrap();
+    assert_eq!(output.stdout.trim(), a.name());
+    session.close().await;
+}
+
+#[tokio::test]
+async fn unreachable_host_then_converges_after_reconnect() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let (file1, sha1) = make_artifact(&hosts, "1.0.0");
+    let v1 = spec(&hosts, "1.0.0", &file1, &sha1);
+
+    host.cut_off().unwrap();
+    let t = Instant::now();
+    let err = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .err()
+        .expect("connect must fail");
+    eprintln!("unreachable after {:?}", t.elapsed());
+    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+
+    host.reconnect().unwrap();
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let result = Installer::new(&session)
+        .install(&v1, &values(host))
+        .await
+        .unwrap();
+    assert_eq!(result.version, "1.0.0");
+    assert_eq!(
+        on(host, "systemctl is-active fake-kubelet.service"),
+        "active"
+    );
+    session.close().await;
+}
