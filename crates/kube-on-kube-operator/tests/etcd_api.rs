@@ -1,6 +1,7 @@
 //! The etcd client against real etcd members over mutual TLS: a three-member
 //! cluster on loopback, then a learner added, caught up, promoted and removed,
-//! with the member list checked after every change.
+//! with the member list checked after every change; and the membership
+//! planner's steps carried out on real members until they converge.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -8,12 +9,17 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use kok_testenv::wait::wait_for;
-use kube_on_kube_operator::etcd_api::{ClientTls, EtcdClient, Member};
+use kube_on_kube_operator::etcd_api::{ClientTls, EtcdClient, EtcdError, Member};
+use kube_on_kube_operator::membership::{
+    ClaimState, ClusterState, Observed, Peer, PodState, Slot, Step, initial_cluster_flag, plan,
+};
 use kube_on_kube_operator::pki::{self, KeyCert, LeafSpec, Usage};
 use tokio::process::{Child, Command};
 
 const START: Duration = Duration::from_secs(60);
 const REQUEST: Duration = Duration::from_secs(5);
+/// Membership changes wait for etcd's own five-second health window.
+const CONVERGE: Duration = Duration::from_secs(120);
 
 struct Pki {
     ca: KeyCert,
@@ -289,4 +295,260 @@ async fn membership_changes_on_real_etcd() {
         wait_healthy(&client, member).await;
     }
     eprintln!("whole test took {:?}", started.elapsed());
+}
+
+/// The planner's steps carried out on real etcd processes: a process stands
+/// for a member's Pod and its data directory for its claim.
+struct Driver<'a> {
+    dir: &'a Path,
+    pki: &'a Pki,
+    client: EtcdClient,
+    slots: Vec<(String, (u16, u16))>,
+    running: Vec<Option<Etcd>>,
+    recorded: Option<Step>,
+    taken: Vec<Step>,
+}
+
+impl<'a> Driver<'a> {
+    fn new(dir: &'a Path, pki: &'a Pki, count: usize) -> Self {
+        let slots: Vec<_> = (0..count)
+            .map(|i| (format!("s{i}"), (free_port(), free_port())))
+            .collect();
+        let endpoints = slots
+            .iter()
+            .map(|(_, ports)| format!("https://127.0.0.1:{}", ports.0))
+            .collect();
+        Self {
+            dir,
+            pki,
+            client: EtcdClient::new(endpoints, pki.client_tls(), REQUEST).unwrap(),
+            slots,
+            running: (0..count).map(|_| None).collect(),
+            recorded: None,
+            taken: vec![],
+        }
+    }
+
+    fn data_dir(&self, index: usize) -> PathBuf {
+        self.dir.join(&self.slots[index].0)
+    }
+
+    fn peer_url(&self, index: usize) -> String {
+        format!("https://127.0.0.1:{}", self.slots[index].1.1)
+    }
+
+    async fn observe(&mut self) -> (Vec<Slot>, Option<Vec<Member>>) {
+        let mut slots = vec![];
+        for index in 0..self.slots.len() {
+            let data_dir = self.data_dir(index);
+            let peer_url = self.peer_url(index);
+            let pod = match self.running[index].as_mut() {
+                None => PodState::Absent,
+                Some(etcd) => {
+                    if !etcd.still_running() {
+                        // A member etcd removed exits; its Pod would crash-loop.
+                        PodState::NotReady
+                    } else {
+                        match self.client.status(&etcd.client_url).await {
+                            Ok(s) if s.leader != 0 && s.errors.is_empty() => PodState::Ready,
+                            _ => PodState::NotReady,
+                        }
+                    }
+                }
+            };
+            slots.push(Slot {
+                name: self.slots[index].0.clone(),
+                peer_url,
+                pod,
+                claim: if data_dir.exists() {
+                    ClaimState::Present
+                } else {
+                    ClaimState::Absent
+                },
+            });
+        }
+        (slots, self.client.member_list().await.ok())
+    }
+
+    /// Carry out one step; `false` when etcd asked to try again later.
+    async fn act(&mut self, step: &Step) -> bool {
+        let retry = |e: EtcdError| {
+            assert!(
+                e.is_transient() || e.is_learner_not_ready(),
+                "{step:?} failed: {e}"
+            );
+            false
+        };
+        match step {
+            Step::Bootstrap { initial_cluster } => {
+                for index in 0..initial_cluster.len() {
+                    if self.running[index].is_none() {
+                        self.start(index, initial_cluster, ClusterState::New);
+                    }
+                }
+            }
+            Step::StartMember {
+                index,
+                initial_cluster,
+                state,
+            } => self.start(*index, initial_cluster, *state),
+            Step::AddLearner { index } => {
+                let peer = self.peer_url(*index);
+                if let Err(e) = self.client.add_learner(&[peer]).await {
+                    return retry(e);
+                }
+            }
+            Step::Promote { id, .. } => {
+                if let Err(e) = self.client.promote_member(*id).await {
+                    return retry(e);
+                }
+            }
+            Step::RemoveMember { id, .. } => {
+                if let Err(e) = self.client.remove_member(*id).await {
+                    return retry(e);
+                }
+            }
+            Step::DeletePod { index } => self.running[*index] = None,
+            Step::DeleteClaim { index } => std::fs::remove_dir_all(self.data_dir(*index)).unwrap(),
+            Step::Wait { .. } | Step::Done => {}
+        }
+        true
+    }
+
+    fn start(&mut self, index: usize, peers: &[Peer], state: ClusterState) {
+        let etcd = Etcd::start(
+            self.dir,
+            self.pki,
+            &self.slots[index].0,
+            self.slots[index].1,
+            &initial_cluster_flag(peers),
+            state.as_str(),
+        );
+        self.running[index] = Some(etcd);
+    }
+
+    /// Plan and act until the planner says `Done`.
+    async fn converge(&mut self, desired: usize) -> Vec<Step> {
+        let started = self.taken.len();
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "no convergence to {desired} within {CONVERGE:?}; took {:?}",
+                &self.taken[started..]
+            );
+            let (slots, live) = self.observe().await;
+            let step = plan(&Observed {
+                desired,
+                slots: &slots,
+                live: live.as_deref(),
+                recorded: self.recorded.as_ref(),
+            });
+            match &step {
+                Step::Done => {
+                    self.recorded = None;
+                    return self.taken[started..].to_vec();
+                }
+                Step::Wait { .. } => {}
+                change => {
+                    self.recorded = Some(change.clone());
+                    if self.act(change).await {
+                        self.taken.push(step.clone());
+                        continue;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn members(&self) -> Vec<(String, bool)> {
+        let mut list: Vec<_> = self
+            .client
+            .member_list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.name, m.is_learner))
+            .collect();
+        list.sort();
+        list
+    }
+}
+
+fn names_of(steps: &[Step]) -> Vec<&'static str> {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::Bootstrap { .. } => "bootstrap",
+            Step::AddLearner { .. } => "add",
+            Step::StartMember { .. } => "start",
+            Step::Promote { .. } => "promote",
+            Step::RemoveMember { .. } => "remove",
+            Step::DeletePod { .. } => "delete-pod",
+            Step::DeleteClaim { .. } => "delete-claim",
+            Step::Wait { .. } => "wait",
+            Step::Done => "done",
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn planner_bootstraps_replaces_and_scales_real_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut driver = Driver::new(dir.path(), &pki, 3);
+    let voters =
+        |n: usize| -> Vec<(String, bool)> { (0..n).map(|i| (format!("s{i}"), false)).collect() };
+
+    let t = Instant::now();
+    let steps = driver.converge(3).await;
+    eprintln!("bootstrap: {:?} in {:?}", names_of(&steps), t.elapsed());
+    assert_eq!(names_of(&steps), ["bootstrap"]);
+    assert_eq!(driver.members().await, voters(3));
+    let old_id = driver
+        .client
+        .status(&format!("https://127.0.0.1:{}", driver.slots[1].1.0))
+        .await
+        .unwrap()
+        .member_id;
+
+    // Member 1 loses its Pod and its claim.
+    driver.running[1] = None;
+    std::fs::remove_dir_all(driver.data_dir(1)).unwrap();
+    let t = Instant::now();
+    let steps = driver.converge(3).await;
+    eprintln!("replace: {:?} in {:?}", names_of(&steps), t.elapsed());
+    assert_eq!(names_of(&steps), ["remove", "add", "start", "promote"]);
+    assert_eq!(driver.members().await, voters(3));
+    let list = driver.client.member_list().await.unwrap();
+    assert!(
+        list.iter().all(|m| m.id != old_id),
+        "member 1 kept its old ID"
+    );
+
+    let t = Instant::now();
+    let steps = driver.converge(1).await;
+    eprintln!("scale in: {:?} in {:?}", names_of(&steps), t.elapsed());
+    assert_eq!(
+        names_of(&steps),
+        [
+            "remove",
+            "delete-pod",
+            "delete-claim",
+            "remove",
+            "delete-pod",
+            "delete-claim"
+        ]
+    );
+    assert_eq!(driver.members().await, voters(1));
+
+    let t = Instant::now();
+    let steps = driver.converge(3).await;
+    eprintln!("scale out: {:?} in {:?}", names_of(&steps), t.elapsed());
+    assert_eq!(
+        names_of(&steps),
+        ["add", "start", "promote", "add", "start", "promote"]
+    );
+    assert_eq!(driver.members().await, voters(3));
 }
