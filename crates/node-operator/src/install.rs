@@ -331,7 +331,7 @@ fi"#,
         );
     }
     script.push_str(
-        r#"systemctl enable "$u" >/dev/null 2>&1 || systemctl enable "$u"
+        r#"systemctl enable "$u" >/dev/null
 if [ "$restart" = 1 ] || ! systemctl is-active --quiet "$u"; then
   systemctl restart "$u"
   echo "changed restarted $u"

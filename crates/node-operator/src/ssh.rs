@@ -280,7 +280,10 @@ fn classify_text(host: &str, detail: String) -> Error {
         || lower.contains("remote host identification has changed")
         || lower.contains("host key for")
     {
-        Error::HostKeyMismatch { host, detail }
+        Error::HostKeyMismatch {
+            host,
+            detail: mismatch_detail(&detail),
+        }
     } else if [
         "timed out",
         "no route to host",
@@ -296,6 +299,25 @@ fn classify_text(host: &str, detail: String) -> Error {
         Error::Unreachable { host, detail }
     } else {
         Error::Ssh { host, detail }
+    }
+}
+
+/// ssh's mismatch warning is a screenful meant for a terminal; the
+/// fingerprint the host presented is what an operator needs to compare.
+fn mismatch_detail(text: &str) -> String {
+    let key_type = text
+        .lines()
+        .find_map(|l| l.strip_prefix("The fingerprint for the "))
+        .and_then(|l| l.split_whitespace().next());
+    let fingerprint = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("SHA256:"))
+        .map(|l| l.trim_end_matches('.'));
+    match (key_type, fingerprint) {
+        (Some(t), Some(f)) => format!("the host presented the {t} key {f}"),
+        (None, Some(f)) => format!("the host presented the key {f}"),
+        _ => "Host key verification failed".to_string(),
     }
 }
 
@@ -326,6 +348,10 @@ mod tests {
                 .into(),
         );
         assert_eq!(mismatch.category(), "host_key_mismatch");
+        let detail = mismatch_detail(
+            "@@@\nThe fingerprint for the ED25519 key sent by the remote host is\nSHA256:mAcMuP.\nPlease contact",
+        );
+        assert_eq!(detail, "the host presented the ED25519 key SHA256:mAcMuP");
         let down = classify_text(
             "h",
             "ssh: connect to host 10.0.0.2 port 22: Connection timed out".into(),

@@ -290,7 +290,7 @@ async fn host_key_mismatch_is_refused() {
         .await
         .err()
         .expect("connect must fail");
-    eprintln!("refused in {:?}", t.elapsed());
+    eprintln!("refused in {:?}: {err}", t.elapsed());
     assert!(matches!(err, Error::HostKeyMismatch { .. }), "{err}");
     assert!(err.to_string().contains("does not match"), "{err}");
 
@@ -315,7 +315,7 @@ async fn unreachable_host_then_converges_after_reconnect() {
         .await
         .err()
         .expect("connect must fail");
-    eprintln!("unreachable after {:?}", t.elapsed());
+    eprintln!("unreachable after {:?}: {err}", t.elapsed());
     assert!(matches!(err, Error::Unreachable { .. }), "{err}");
     assert!(t.elapsed() < Duration::from_secs(10));
 
@@ -331,6 +331,60 @@ async fn unreachable_host_then_converges_after_reconnect() {
     assert_eq!(
         on(host, "systemctl is-active fake-kubelet.service"),
         "active"
+    );
+    session.close().await;
+}
+
+#[tokio::test]
+async fn host_cut_off_mid_install_converges_after_it_returns() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let (file1, sha1) = make_artifact(&hosts, "1.0.0");
+    let mut v1 = spec(&hosts, "1.0.0", &file1, &sha1);
+    // A slow health check keeps the install busy while the host goes away.
+    v1.health_check = Some(HealthCheck {
+        command: Some(vec!["sh".into(), "-c".into(), "sleep 3".into()]),
+        http_get: None,
+        timeout_seconds: 10,
+    });
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let current = host.path_on_host(format!("{DIR}/current")).unwrap();
+    let t = Instant::now();
+    let installer = Installer::new(&session);
+    let host_values = values(host);
+    let install = installer.install(&v1, &host_values);
+    let cut = async {
+        while std::fs::read_link(&current).is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        host.cut_off().unwrap();
+    };
+    let (result, ()) = tokio::join!(install, cut);
+    let err = result.unwrap_err();
+    eprintln!("cut off mid-install, failed after {:?}: {err}", t.elapsed());
+    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(40));
+    drop(session);
+
+    host.reconnect().unwrap();
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let result = Installer::new(&session)
+        .install(&v1, &values(host))
+        .await
+        .unwrap();
+    assert_eq!(result.version, "1.0.0");
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+    assert_eq!(
+        on(host, "systemctl is-active fake-kubelet.service"),
+        "active"
+    );
+    assert_eq!(
+        on(host, "readlink /usr/local/bin/fake-kubelet"),
+        format!("{DIR}/current/bin/fake-kubelet")
     );
     session.close().await;
 }
