@@ -23,6 +23,7 @@ const EXIT_CHECKSUM: i32 = 22;
 const EXIT_NOT_UNPACKED: i32 = 23;
 const EXIT_UNHEALTHY: i32 = 24;
 const EXIT_NO_PREVIOUS: i32 = 25;
+const EXIT_LOCKED: i32 = 26;
 
 /// What one step did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,7 +159,7 @@ pub fn fetch_script(spec: &PackageVersionSpec, arch: Arch) -> Result<String, Err
     };
     Ok(format!(
         r#"set -eu
-dir={dir}
+{lock}dir={dir}
 v="$dir"/{version}
 want={sha}
 url={url}
@@ -193,6 +194,7 @@ rm -rf "$v"
 mv -T "$v.tmp" "$v"
 echo "changed unpacked $v"
 "#,
+        lock = lock_prelude(&spec.package),
         dir = quote(&package_dir(&spec.package)),
         version = quote(&spec.version),
         sha = quote(&artifact.sha256),
@@ -258,11 +260,11 @@ fi"#,
 }
 
 /// Step (e): points `current` at `version`, keeping the former target as
-/// `previous`. Both links are replaced by `rename`, never removed first.
+/// `previous`.
 pub fn switch_script(package: &str, version: &str) -> String {
     format!(
         r#"set -eu
-dir={dir}
+{lock}dir={dir}
 want={version}
 cur=$(readlink "$dir/current" 2>/dev/null || true)
 if [ "$cur" = "$want" ]; then
@@ -274,7 +276,36 @@ if [ ! -f "$dir/$want/.complete" ]; then
   echo "$dir/$want is not unpacked" >&2
   exit {EXIT_NOT_UNPACKED}
 fi
-if [ -n "$cur" ]; then
+{swap}"#,
+        lock = lock_prelude(package),
+        dir = quote(&package_dir(package)),
+        version = quote(version),
+        swap = SWAP_LINKS,
+    )
+}
+
+/// Step (h): swaps `current` and `previous`.
+pub fn rollback_script(package: &str) -> String {
+    format!(
+        r#"set -eu
+{lock}dir={dir}
+prev=$(readlink "$dir/previous" 2>/dev/null || true)
+cur=$(readlink "$dir/current" 2>/dev/null || true)
+if [ -z "$prev" ] || [ ! -f "$dir/$prev/.complete" ]; then
+  echo "no previous version" >&2
+  exit {EXIT_NO_PREVIOUS}
+fi
+want=$prev
+{swap}"#,
+        lock = lock_prelude(package),
+        dir = quote(&package_dir(package)),
+        swap = SWAP_LINKS,
+    )
+}
+
+/// Makes `$want` current and the former `$cur` previous. Each link is
+/// replaced by `rename`, never removed first, so `current` always resolves.
+const SWAP_LINKS: &str = r#"if [ -n "$cur" ]; then
   ln -sfn "$cur" "$dir/.previous.kok-tmp"
   mv -T "$dir/.previous.kok-tmp" "$dir/previous"
 fi
@@ -283,34 +314,16 @@ mv -T "$dir/.current.kok-tmp" "$dir/current"
 echo "changed current $cur -> $want"
 echo "current=$(readlink "$dir/current")"
 echo "previous=$(readlink "$dir/previous" 2>/dev/null || true)"
-"#,
-        dir = quote(&package_dir(package)),
-        version = quote(version),
-    )
-}
+"#;
 
-/// Step (h): swaps `current` and `previous`.
-pub fn rollback_script(package: &str) -> String {
+/// Serialises the steps that change a package's directory, should two
+/// operators (or an operator and a person) work on the same host at once.
+/// The lock lives beside the package directory, not in it.
+fn lock_prelude(package: &str) -> String {
     format!(
-        r#"set -eu
-dir={dir}
-prev=$(readlink "$dir/previous" 2>/dev/null || true)
-cur=$(readlink "$dir/current" 2>/dev/null || true)
-if [ -z "$prev" ] || [ ! -f "$dir/$prev/.complete" ]; then
-  echo "no previous version" >&2
-  exit {EXIT_NO_PREVIOUS}
-fi
-if [ -n "$cur" ]; then
-  ln -sfn "$cur" "$dir/.previous.kok-tmp"
-  mv -T "$dir/.previous.kok-tmp" "$dir/previous"
-fi
-ln -sfn "$prev" "$dir/.current.kok-tmp"
-mv -T "$dir/.current.kok-tmp" "$dir/current"
-echo "changed current $cur -> $prev"
-echo "current=$(readlink "$dir/current")"
-echo "previous=$(readlink "$dir/previous" 2>/dev/null || true)"
-"#,
-        dir = quote(&package_dir(package)),
+        "mkdir -p {root}\nexec 9>{lock}\nflock -w 120 9 || {{ echo \"another install holds {package}'s lock\" >&2; exit {EXIT_LOCKED}; }}\n",
+        root = quote(PACKAGES_ROOT),
+        lock = quote(&format!("{PACKAGES_ROOT}/.{package}.lock")),
     )
 }
 
@@ -464,6 +477,15 @@ fn value_of<'a>(output: &'a Output, key: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// `current` and `previous` as a switch or rollback script read them back.
+fn links(output: &Output) -> (String, Option<String>) {
+    let current = value_of(output, "current").unwrap_or_default().to_string();
+    let previous = value_of(output, "previous")
+        .filter(|p| !p.is_empty())
+        .map(str::to_string);
+    (current, previous)
+}
+
 fn changed(output: &Output) -> bool {
     output.stdout.lines().any(|l| l.starts_with("changed "))
 }
@@ -490,6 +512,19 @@ impl<'a> Installer<'a> {
         Ok((output, summary))
     }
 
+    /// Runs a step whose only failure mode is "the script failed".
+    async fn checked(
+        &self,
+        step: &'static str,
+        script: &str,
+    ) -> Result<(Output, StepOutput), Error> {
+        let (output, summary) = self.step(step, script).await?;
+        if !output.success() {
+            return Err(self.failed(step, &output));
+        }
+        Ok((output, summary))
+    }
+
     fn failed(&self, step: &'static str, output: &Output) -> Error {
         Error::Step {
             host: self.session.host().to_string(),
@@ -501,10 +536,7 @@ impl<'a> Installer<'a> {
 
     /// The host's architecture.
     pub async fn arch(&self) -> Result<Arch, Error> {
-        let (output, _) = self.step("facts", &facts_script()).await?;
-        if !output.success() {
-            return Err(self.failed("facts", &output));
-        }
+        let (output, _) = self.checked("facts", &facts_script()).await?;
         parse_arch(&output.stdout)
     }
 
@@ -533,38 +565,20 @@ impl<'a> Installer<'a> {
         }
         steps.push(summary);
 
-        let (output, summary) = self.step("files", &files).await?;
-        if !output.success() {
-            return Err(self.failed("files", &output));
-        }
-        steps.push(summary);
+        steps.push(self.checked("files", &files).await?.1);
 
         let (output, summary) = self
-            .step("switch", &switch_script(&spec.package, &spec.version))
+            .checked("switch", &switch_script(&spec.package, &spec.version))
             .await?;
-        if !output.success() {
-            return Err(self.failed("switch", &output));
-        }
-        let current = value_of(&output, "current").unwrap_or_default().to_string();
-        let previous = value_of(&output, "previous")
-            .filter(|p| !p.is_empty())
-            .map(str::to_string);
+        let (current, previous) = links(&output);
         steps.push(summary);
 
-        let (output, summary) = self.step("binaries", &binaries_script(spec)).await?;
-        if !output.success() {
-            return Err(self.failed("binaries", &output));
-        }
-        steps.push(summary);
+        steps.push(self.checked("binaries", &binaries_script(spec)).await?.1);
 
         if let Some((name, content)) = &unit {
             let anything_changed = steps.iter().any(|s| s.changed);
             let script = unit_script(name, Some(content), anything_changed);
-            let (output, summary) = self.step("unit", &script).await?;
-            if !output.success() {
-                return Err(self.failed("unit", &output));
-            }
-            steps.push(summary);
+            steps.push(self.checked("unit", &script).await?.1);
         }
 
         if let Some(check) = &spec.health_check {
@@ -598,17 +612,14 @@ impl<'a> Installer<'a> {
         if !output.success() {
             return Err(self.failed("rollback", &output));
         }
-        let current = value_of(&output, "current").unwrap_or_default().to_string();
-        let previous = value_of(&output, "previous")
-            .filter(|p| !p.is_empty())
-            .map(str::to_string);
+        let (current, previous) = links(&output);
         steps.push(summary);
         if let Some(name) = unit {
-            let (output, summary) = self.step("unit", &unit_script(name, None, true)).await?;
-            if !output.success() {
-                return Err(self.failed("unit", &output));
-            }
-            steps.push(summary);
+            steps.push(
+                self.checked("unit", &unit_script(name, None, true))
+                    .await?
+                    .1,
+            );
         }
         if let Some(check) = health {
             steps.push(self.health(package, &current, check).await?);
@@ -777,6 +788,14 @@ mod tests {
         assert!(script.contains("cur=$(readlink \"$dir/current\""));
         assert!(script.contains("mv -T \"$dir/.current.kok-tmp\" \"$dir/current\""));
         assert!(script.find("previous\"\nfi").unwrap() < script.find("ln -sfn \"$want\"").unwrap());
+    }
+
+    #[test]
+    fn steps_that_change_the_package_directory_hold_its_lock() {
+        let lock = "exec 9>'/opt/kube-on-kube/packages/.kubelet.lock'";
+        assert!(fetch_script(&spec(), Arch::Amd64).unwrap().contains(lock));
+        assert!(switch_script("kubelet", "1.35.4").contains(lock));
+        assert!(rollback_script("kubelet").contains(lock));
     }
 
     #[test]

@@ -320,19 +320,7 @@ async fn unreachable_host_then_converges_after_reconnect() {
     assert!(t.elapsed() < Duration::from_secs(10));
 
     host.reconnect().unwrap();
-    let session = Session::connect(&target(&hosts, host), timeouts())
-        .await
-        .unwrap();
-    let result = Installer::new(&session)
-        .install(&v1, &values(host))
-        .await
-        .unwrap();
-    assert_eq!(result.version, "1.0.0");
-    assert_eq!(
-        on(host, "systemctl is-active fake-kubelet.service"),
-        "active"
-    );
-    session.close().await;
+    install_after_reconnect(&hosts, host, &v1).await;
 }
 
 #[tokio::test]
@@ -369,15 +357,20 @@ async fn host_cut_off_mid_install_converges_after_it_returns() {
     drop(session);
 
     host.reconnect().unwrap();
-    let session = Session::connect(&target(&hosts, host), timeouts())
+    install_after_reconnect(&hosts, host, &v1).await;
+}
+
+/// A fresh session installs `spec` completely on a host that was away.
+async fn install_after_reconnect(hosts: &TestHosts, host: &TestHost, spec: &PackageVersionSpec) {
+    let session = Session::connect(&target(hosts, host), timeouts())
         .await
         .unwrap();
     let result = Installer::new(&session)
-        .install(&v1, &values(host))
+        .install(spec, &values(host))
         .await
         .unwrap();
-    assert_eq!(result.version, "1.0.0");
-    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+    assert_eq!(result.version, spec.version);
+    assert_eq!(on(host, &format!("readlink {DIR}/current")), spec.version);
     assert_eq!(
         on(host, "systemctl is-active fake-kubelet.service"),
         "active"
