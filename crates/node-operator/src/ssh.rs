@@ -237,6 +237,12 @@ impl Session {
         }
     }
 
+    /// Whether the connection still works; a session that lost its host is
+    /// not usable again and must be replaced by a new [`Session::connect`].
+    pub async fn is_alive(&self) -> bool {
+        self.inner.check().await.is_ok()
+    }
+
     /// Ends the master connection.
     pub async fn close(self) {
         if let Err(e) = self.inner.close().await {

@@ -354,6 +354,7 @@ async fn host_cut_off_mid_install_converges_after_it_returns() {
     eprintln!("cut off mid-install, failed after {:?}: {err}", t.elapsed());
     assert!(matches!(err, Error::Unreachable { .. }), "{err}");
     assert!(t.elapsed() < Duration::from_secs(40));
+    assert!(!session.is_alive().await);
     drop(session);
 
     host.reconnect().unwrap();
@@ -379,5 +380,66 @@ async fn install_after_reconnect(hosts: &TestHosts, host: &TestHost, spec: &Pack
         on(host, "readlink /usr/local/bin/fake-kubelet"),
         format!("{DIR}/current/bin/fake-kubelet")
     );
+    session.close().await;
+}
+
+#[tokio::test]
+async fn single_binary_artifacts_and_http_health_checks() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let file = "fake-ctl-1.0.0";
+    let path = hosts.artifacts_dir().join(file);
+    std::fs::write(&path, "#!/bin/sh\necho fake-ctl 1.0.0\n").unwrap();
+    let sha = sha256(&path);
+    let spec = PackageVersionSpec {
+        package: "fake-ctl".into(),
+        version: "1.0.0".into(),
+        artifacts: vec![Artifact {
+            arch: Arch::Amd64,
+            url: hosts.artifact_url(file),
+            sha256: sha,
+            format: ArtifactFormat::Binary,
+        }],
+        install: InstallSpec {
+            binaries: vec![Binary {
+                path: "bin/fake-ctl".into(),
+                link: Some("/usr/local/bin/fake-ctl".into()),
+            }],
+            ..InstallSpec::default()
+        },
+        // The artifact server stands in for a service's health endpoint.
+        health_check: Some(HealthCheck {
+            command: None,
+            http_get: Some(hosts.artifact_url(file)),
+            timeout_seconds: 5,
+        }),
+        depends_on: vec![],
+    };
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let installer = Installer::new(&session);
+    let result = installer.install(&spec, &BTreeMap::new()).await.unwrap();
+    assert!(result.changed);
+    assert_eq!(on(host, "/usr/local/bin/fake-ctl"), "fake-ctl 1.0.0");
+    assert!(
+        !installer
+            .install(&spec, &BTreeMap::new())
+            .await
+            .unwrap()
+            .changed
+    );
+
+    let mut unhealthy = spec.clone();
+    unhealthy.health_check = Some(HealthCheck {
+        command: None,
+        http_get: Some(hosts.artifact_url("no-such-endpoint")),
+        timeout_seconds: 2,
+    });
+    let err = installer
+        .install(&unhealthy, &BTreeMap::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::HealthCheck { .. }), "{err}");
     session.close().await;
 }
