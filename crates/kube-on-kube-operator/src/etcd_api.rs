@@ -52,6 +52,9 @@ pub enum EtcdError {
         code: Option<i32>,
         message: String,
     },
+    /// etcd refused a request that will succeed when repeated a little later.
+    #[error("etcd {endpoint}: try again later: {message}")]
+    TryAgain { endpoint: String, message: String },
     /// The answer was not the JSON expected.
     #[error("etcd {endpoint}: unexpected answer: {source}")]
     Decode {
@@ -69,6 +72,7 @@ impl EtcdError {
             EtcdError::Endpoint { .. } | EtcdError::NoEndpoints => "etcd-endpoint",
             EtcdError::Transport { .. } | EtcdError::Timeout { .. } => "etcd-unreachable",
             EtcdError::Refused { .. } => "etcd-refused",
+            EtcdError::TryAgain { .. } => "etcd-try-again",
             EtcdError::Decode { .. } => "etcd-decode",
         }
     }
@@ -85,7 +89,9 @@ impl EtcdError {
     /// else is etcd's final answer.
     pub fn is_transient(&self) -> bool {
         match self {
-            EtcdError::Transport { .. } | EtcdError::Timeout { .. } => true,
+            EtcdError::Transport { .. }
+            | EtcdError::Timeout { .. }
+            | EtcdError::TryAgain { .. } => true,
             EtcdError::Refused { status, .. } => *status >= 500,
             _ => false,
         }
@@ -236,16 +242,27 @@ impl EtcdClient {
             #[serde(default)]
             members: Vec<Member>,
         }
-        let answer: Answer = self
-            .call(
-                "/v3/cluster/member/add",
-                &Body {
-                    peer_urls,
-                    is_learner: true,
-                },
-            )
-            .await?;
-        Ok((answer.member, answer.members))
+        let body = Body {
+            peer_urls,
+            is_learner: true,
+        };
+        match self
+            .call::<_, Answer>("/v3/cluster/member/add", &body)
+            .await
+        {
+            Ok(answer) => Ok((answer.member, answer.members)),
+            // etcd derives a new member's ID from its peer URLs and the
+            // current second, so adding back a member removed within the
+            // same second as it was added yields a removed ID, which etcd
+            // reports as "member not found". A second later the ID differs.
+            Err(EtcdError::Refused {
+                endpoint,
+                status: 404,
+                message,
+                ..
+            }) => Err(EtcdError::TryAgain { endpoint, message }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Remove member `id`; returns the remaining members.
@@ -325,7 +342,11 @@ impl EtcdClient {
                 Ok(answer) => return Ok(answer),
                 Err(e) if e.is_transient() => {
                     tracing::debug!(%endpoint, path, error = %e, "etcd endpoint failed, trying the next");
-                    last = e;
+                    // What a member said is worth more than that another
+                    // could not be reached.
+                    if !matches!(last, EtcdError::Refused { .. }) {
+                        last = e;
+                    }
                 }
                 Err(e) => return Err(e),
             }

@@ -142,6 +142,21 @@ impl Step {
     pub fn is_change(&self) -> bool {
         !matches!(self, Step::Wait { .. } | Step::Done)
     }
+
+    /// Short static name, for logs, events and metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::Bootstrap { .. } => "bootstrap",
+            Step::AddLearner { .. } => "add",
+            Step::StartMember { .. } => "start",
+            Step::Promote { .. } => "promote",
+            Step::RemoveMember { .. } => "remove",
+            Step::DeletePod { .. } => "delete-pod",
+            Step::DeleteClaim { .. } => "delete-claim",
+            Step::Wait { .. } => "wait",
+            Step::Done => "done",
+        }
+    }
 }
 
 /// Everything the planner looks at.

@@ -429,6 +429,13 @@ impl<'a> Driver<'a> {
 
     /// Plan and act until the planner says `Done`.
     async fn converge(&mut self, desired: usize) -> Vec<Step> {
+        self.converge_until(desired, None).await
+    }
+
+    /// Like `converge`, but stop right after carrying out a step of kind
+    /// `stop_after`, as an operator killed at that moment would: the record
+    /// of that step stays.
+    async fn converge_until(&mut self, desired: usize, stop_after: Option<&str>) -> Vec<Step> {
         let started = self.taken.len();
         let deadline = Instant::now() + CONVERGE;
         loop {
@@ -454,6 +461,9 @@ impl<'a> Driver<'a> {
                     self.recorded = Some(change.clone());
                     if self.act(change).await {
                         self.taken.push(step.clone());
+                        if stop_after == Some(step.kind()) {
+                            return self.taken[started..].to_vec();
+                        }
                         continue;
                     }
                 }
@@ -477,20 +487,7 @@ impl<'a> Driver<'a> {
 }
 
 fn names_of(steps: &[Step]) -> Vec<&'static str> {
-    steps
-        .iter()
-        .map(|s| match s {
-            Step::Bootstrap { .. } => "bootstrap",
-            Step::AddLearner { .. } => "add",
-            Step::StartMember { .. } => "start",
-            Step::Promote { .. } => "promote",
-            Step::RemoveMember { .. } => "remove",
-            Step::DeletePod { .. } => "delete-pod",
-            Step::DeleteClaim { .. } => "delete-claim",
-            Step::Wait { .. } => "wait",
-            Step::Done => "done",
-        })
-        .collect()
+    steps.iter().map(Step::kind).collect()
 }
 
 #[tokio::test]
@@ -550,5 +547,24 @@ async fn planner_bootstraps_replaces_and_scales_real_etcd() {
         names_of(&steps),
         ["add", "start", "promote", "add", "start", "promote"]
     );
+    assert_eq!(driver.members().await, voters(3));
+
+    // The operator dies right after adding a replacement learner; restarted,
+    // it finds the learner by its peer URL and starts it, never adding a
+    // second one.
+    driver.running[2] = None;
+    std::fs::remove_dir_all(driver.data_dir(2)).unwrap();
+    let t = Instant::now();
+    let before = driver.converge_until(3, Some("add")).await;
+    assert_eq!(names_of(&before), ["remove", "add"]);
+    assert_eq!(driver.recorded.as_ref().map(Step::kind), Some("add"));
+    let after = driver.converge(3).await;
+    eprintln!(
+        "replace with a crash: {:?} then {:?} in {:?}",
+        names_of(&before),
+        names_of(&after),
+        t.elapsed()
+    );
+    assert_eq!(names_of(&after), ["start", "promote"]);
     assert_eq!(driver.members().await, voters(3));
 }

@@ -644,20 +644,7 @@ impl World {
 }
 
 fn kinds(steps: &[Step]) -> Vec<&'static str> {
-    steps
-        .iter()
-        .map(|s| match s {
-            Step::Bootstrap { .. } => "bootstrap",
-            Step::AddLearner { .. } => "add",
-            Step::StartMember { .. } => "start",
-            Step::Promote { .. } => "promote",
-            Step::RemoveMember { .. } => "remove",
-            Step::DeletePod { .. } => "delete-pod",
-            Step::DeleteClaim { .. } => "delete-claim",
-            Step::Wait { .. } => "wait",
-            Step::Done => "done",
-        })
-        .collect()
+    steps.iter().map(Step::kind).collect()
 }
 
 #[test]
