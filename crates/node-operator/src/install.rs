@@ -160,7 +160,8 @@ pub fn fetch_script(spec: &PackageVersionSpec, arch: Arch) -> Result<String, Err
     Ok(format!(
         r#"set -eu
 {lock}dir={dir}
-v="$dir"/{version}
+version={version}
+v="$dir/$version"
 want={sha}
 url={url}
 if [ -f "$v/.complete" ] && [ "$(cat "$v/.complete")" = "$want" ]; then
@@ -168,7 +169,7 @@ if [ -f "$v/.complete" ] && [ "$(cat "$v/.complete")" = "$want" ]; then
   exit 0
 fi
 mkdir -p "$dir"
-dl="$dir/.{version}.download"
+dl="$dir/.$version.download"
 rm -f "$dl"
 code=$(curl -sS -L --connect-timeout 10 --max-time 600 -o "$dl" -w '%{{http_code}}' "$url") || {{
   rm -f "$dl"

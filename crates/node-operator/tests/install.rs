@@ -186,7 +186,19 @@ async fn install_rerun_upgrade_and_rollback() {
         "not downloaded again"
     );
 
+    // What a crash halfway through an earlier fetch of v2 leaves behind.
+    on(
+        host,
+        &format!(
+            "mkdir -p {DIR}/2.0.0/bin {DIR}/2.0.0.tmp && touch {DIR}/2.0.0/bin/half {DIR}/2.0.0.tmp/half {DIR}/.2.0.0.download"
+        ),
+    );
     let up = installer.install(&v2, &values(host)).await.unwrap();
+    assert_eq!(
+        on(host, &format!("ls -A {DIR} {DIR}/2.0.0/bin")),
+        format!("{DIR}:\n1.0.0\n2.0.0\ncurrent\nprevious\n\n{DIR}/2.0.0/bin:\nfake-kubelet"),
+        "leftovers of the interrupted fetch are gone"
+    );
     assert!(up.changed);
     assert_eq!(up.version, "2.0.0");
     assert_eq!(up.previous.as_deref(), Some("1.0.0"));
