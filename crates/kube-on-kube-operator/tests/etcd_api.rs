@@ -254,6 +254,9 @@ async fn membership_changes_on_real_etcd() {
     })
     .await;
     assert!(learner_status.is_learner);
+    // A learner answers /health too, so a readiness probe on it lets the
+    // planner see the learner ready and promote it.
+    wait_healthy(&client, &mut fourth).await;
     assert_eq!(learner_status.member_id, learner.id);
 
     // etcd refuses promotion until the learner has caught up; retry until it
