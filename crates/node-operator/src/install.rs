@@ -358,11 +358,17 @@ fi
 /// Step (g): retries the check until it passes or `timeoutSeconds` pass.
 pub fn health_script(check: &HealthCheck) -> String {
     let probe = match (&check.command, &check.http_get) {
-        (Some(command), _) => command
-            .iter()
-            .map(|a| quote(a))
-            .collect::<Vec<_>>()
-            .join(" "),
+        // A probe that hangs must not hold the step past the check's own
+        // deadline.
+        (Some(command), _) => format!(
+            "timeout {} {}",
+            check.timeout_seconds.max(1),
+            command
+                .iter()
+                .map(|a| quote(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
         (None, Some(url)) => format!("curl -fsS -o /dev/null --max-time 5 {}", quote(url)),
         (None, None) => "true".to_string(),
     };
@@ -821,7 +827,7 @@ mod tests {
             http_get: None,
             timeout_seconds: 7,
         });
-        assert!(command.contains("out=$('/usr/local/bin/kubelet' '--version' 2>&1)"));
+        assert!(command.contains("out=$(timeout 7 '/usr/local/bin/kubelet' '--version' 2>&1)"));
         assert!(command.contains("+ 7 ))"));
         let http = health_script(&HealthCheck {
             command: None,
