@@ -231,11 +231,16 @@ fn plan_unreachable(o: &Observed<'_>) -> Step {
             peer_url: s.peer_url.clone(),
         })
         .collect();
-    if let Some(index) = o
-        .slots
-        .iter()
-        .position(|s| s.pod == PodState::Absent && s.claim == ClaimState::Present)
-    {
+    // The slot of a member being removed or wiped holds data etcd no longer
+    // wants; starting it would only bring a removed member back.
+    let being_cleared = match o.recorded {
+        Some(Step::RemoveMember { index, .. }) => *index,
+        Some(Step::DeletePod { index } | Step::DeleteClaim { index }) => Some(*index),
+        _ => None,
+    };
+    if let Some(index) = o.slots.iter().enumerate().position(|(i, s)| {
+        s.pod == PodState::Absent && s.claim == ClaimState::Present && being_cleared != Some(i)
+    }) {
         return Step::StartMember {
             index,
             initial_cluster: with_data,

@@ -161,6 +161,33 @@ fn table() {
             expect: &|s| matches!(s, Step::StartMember { index: 0, state: ClusterState::Existing, initial_cluster } if initial_cluster.len() == 3),
         },
         Case {
+            name: "unreachable mid scale-in: never restart the removed member",
+            desired: 1,
+            states: vec![
+                (NotReady, ClaimState::Present),
+                (NotReady, ClaimState::Present),
+                (NoPod, ClaimState::Present),
+            ],
+            live: None,
+            recorded: Some(Step::DeleteClaim { index: 2 }),
+            expect: &|s| is_wait(s, "no etcd member answers"),
+        },
+        Case {
+            name: "unreachable right after a removal: the removed slot stays down",
+            desired: 3,
+            states: vec![
+                (NotReady, ClaimState::Present),
+                (NotReady, ClaimState::Present),
+                (NoPod, ClaimState::Present),
+            ],
+            live: None,
+            recorded: Some(Step::RemoveMember {
+                id: id_of(2),
+                index: Some(2),
+            }),
+            expect: &|s| is_wait(s, "no etcd member answers"),
+        },
+        Case {
             name: "pod deleted, claim kept: restart it on its data",
             desired: 3,
             states: vec![UP, (NoPod, ClaimState::Present), UP],
