@@ -191,8 +191,13 @@ mkdir -p "$v.tmp"
 {unpack}
 rm -f "$dl"
 printf '%s\n' "$want" > "$v.tmp/.complete"
-rm -rf "$v"
+# A version directory without the right marker is an interrupted earlier
+# attempt; it is renamed away rather than deleted in place so the window
+# without "$v" is two renames long.
+rm -rf "$v.old"
+if [ -e "$v" ]; then mv -T "$v" "$v.old"; fi
 mv -T "$v.tmp" "$v"
+rm -rf "$v.old"
 echo "changed unpacked $v"
 "#,
         lock = lock_prelude(&spec.package),
