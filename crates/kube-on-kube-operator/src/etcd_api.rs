@@ -12,11 +12,16 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::names::Names;
+use crate::secrets;
 
 /// How long one request to one endpoint may take before the next is tried.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -156,7 +161,43 @@ pub struct ClientTls<'a> {
     pub key_pem: &'a str,
 }
 
+/// Client URLs of members `0..count`, in order: each member answers for the
+/// whole cluster, and trying them in turn gets past the ones that are down.
+pub fn member_endpoints(names: &Names, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| names.etcd_client_url(&names.etcd_member(i)))
+        .collect()
+}
+
 impl EtcdClient {
+    /// A client for `endpoints` with the identity in a `kubernetes.io/tls`
+    /// Secret that also carries the etcd CA (the operator's etcd client
+    /// Secret).
+    pub fn from_secret(
+        endpoints: Vec<String>,
+        secret: &Secret,
+        timeout: Duration,
+    ) -> Result<Self, EtcdError> {
+        let field = |key: &str| -> Result<&str, EtcdError> {
+            let bytes = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .ok_or_else(|| EtcdError::Tls {
+                    message: format!("Secret {} has no {key}", secret.name_any()),
+                })?;
+            std::str::from_utf8(&bytes.0).map_err(|_| EtcdError::Tls {
+                message: format!("{key} of Secret {} is not PEM text", secret.name_any()),
+            })
+        };
+        let tls = ClientTls {
+            ca_pem: field(secrets::CA)?,
+            cert_pem: field(secrets::CERT)?,
+            key_pem: field(secrets::KEY)?,
+        };
+        Self::new(endpoints, tls, timeout)
+    }
+
     /// A client for `endpoints` (e.g. `https://etcd-0...:2379`), tried in turn.
     pub fn new(
         endpoints: Vec<String>,
@@ -579,6 +620,46 @@ mod tests {
         let e = refused("https://x:2379", StatusCode::SERVICE_UNAVAILABLE, b"oops");
         assert!(e.is_transient());
         assert!(!e.is_learner_not_ready());
+    }
+
+    #[test]
+    fn client_from_the_operator_secret() {
+        use k8s_openapi::ByteString;
+        let now = time::OffsetDateTime::now_utc();
+        let ca = crate::pki::new_ca("etcd-ca", now).unwrap();
+        let spec = crate::pki::LeafSpec {
+            common_name: "operator".into(),
+            organizations: vec![],
+            dns_names: vec![],
+            ips: vec![],
+            usage: crate::pki::Usage::Client,
+        };
+        let leaf = crate::pki::issue(&ca, &spec, now, Duration::from_secs(3600)).unwrap();
+        let mut secret = Secret::default();
+        secret.metadata.name = Some("c-operator-etcd-client".into());
+        let data = [
+            (secrets::CA, &ca.cert_pem),
+            (secrets::CERT, &leaf.cert_pem),
+            (secrets::KEY, &leaf.key_pem),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+        .collect();
+        secret.data = Some(data);
+        let names = Names {
+            cluster: "c".into(),
+            namespace: "ns".into(),
+            meta_domain: "cluster.local".into(),
+        };
+        let endpoints = member_endpoints(&names, 3);
+        assert_eq!(endpoints[2], "https://c-etcd-2.ns.svc.cluster.local:2379");
+        let client = EtcdClient::from_secret(endpoints, &secret, DEFAULT_TIMEOUT).unwrap();
+        assert_eq!(client.endpoints().len(), 3);
+
+        secret.data.as_mut().unwrap().remove(secrets::KEY);
+        let e = EtcdClient::from_secret(vec!["https://x:2379".into()], &secret, DEFAULT_TIMEOUT)
+            .unwrap_err();
+        assert!(e.to_string().contains("tls.key"), "{e}");
     }
 
     #[test]
