@@ -202,6 +202,23 @@ async fn membership_changes_on_real_etcd() {
         e.sort();
         e
     });
+    // An endpoint that accepts connections and never answers costs one
+    // timeout, then the next endpoint answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("https://{}", silent.local_addr().unwrap());
+    let short = Duration::from_millis(500);
+    let patient = EtcdClient::new(
+        vec![silent_url, members[0].client_url.clone()],
+        pki.client_tls(),
+        short,
+    )
+    .unwrap();
+    let asked = Instant::now();
+    assert_eq!(patient.member_list().await.unwrap().len(), 3);
+    assert!(asked.elapsed() >= short, "{:?}", asked.elapsed());
+    assert!(asked.elapsed() < REQUEST, "{:?}", asked.elapsed());
+    drop(silent);
+
     let status = client.status(&members[0].client_url).await.unwrap();
     assert!(list.iter().any(|m| m.id == status.member_id));
     assert!(list.iter().any(|m| m.id == status.leader), "{status:?}");
