@@ -125,7 +125,7 @@ fn build_root(spec: &Spec) -> io::Result<()> {
         }
     }
     for mount in &spec.mounts {
-        let target = spec.root.join(mount.target.trim_start_matches('/'));
+        let target = resolve_in_root(&spec.root, &mount.target)?;
         if mount.source.is_dir() {
             std::fs::create_dir_all(&target)?;
         } else {
@@ -154,6 +154,55 @@ fn build_root(spec: &Spec) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `path` as seen from inside `root`: symbolic links met on the way are
+/// followed within `root` (an absolute link such as `/var/run -> /run` must not
+/// lead out to the machine's `/run`).
+fn resolve_in_root(root: &Path, path: &str) -> io::Result<PathBuf> {
+    let mut resolved = PathBuf::new();
+    let mut pending: Vec<String> = path
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .rev()
+        .map(str::to_string)
+        .collect();
+    let mut links = 0;
+    while let Some(part) = pending.pop() {
+        match part.as_str() {
+            "." => continue,
+            ".." => {
+                resolved.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let candidate = resolved.join(&part);
+        match std::fs::symlink_metadata(root.join(&candidate)) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                links += 1;
+                if links > 40 {
+                    return Err(io::Error::other(format!(
+                        "too many symbolic links in {path}"
+                    )));
+                }
+                let target = std::fs::read_link(root.join(&candidate))?;
+                let target = target.to_string_lossy().to_string();
+                if target.starts_with('/') {
+                    resolved = PathBuf::new();
+                }
+                pending.extend(
+                    target
+                        .split('/')
+                        .filter(|p| !p.is_empty())
+                        .rev()
+                        .map(str::to_string),
+                );
+            }
+            _ => resolved = candidate,
+        }
+    }
+    Ok(root.join(resolved))
 }
 
 /// Set up the container described by `spec` in this process and execute its
@@ -237,5 +286,27 @@ pub fn join_and_exec(pid: u32, root: &Path, argv: &[String]) -> io::Error {
     })();
     match result {
         Ok(error) | Err(error) => error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_in_root;
+
+    #[test]
+    fn links_resolve_inside_the_root() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(root.path().join("run")).expect("run");
+        std::fs::create_dir_all(root.path().join("var")).expect("var");
+        std::os::unix::fs::symlink("/run", root.path().join("var/run")).expect("link");
+        std::os::unix::fs::symlink("../run", root.path().join("var/rel")).expect("link");
+        let resolved = resolve_in_root(root.path(), "/var/run/secrets/token").expect("resolve");
+        assert_eq!(resolved, root.path().join("run/secrets/token"));
+        let relative = resolve_in_root(root.path(), "/var/rel/x").expect("resolve");
+        assert_eq!(relative, root.path().join("run/x"));
+        assert_eq!(
+            resolve_in_root(root.path(), "/../../etc").expect("resolve"),
+            root.path().join("etc")
+        );
     }
 }
