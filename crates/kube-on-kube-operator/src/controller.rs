@@ -25,7 +25,7 @@ use crate::names::{Component, Names};
 use crate::render::config_hash;
 use crate::render::control_plane::{self, PodInputs};
 use crate::render::etcd::{self, ClusterState, MemberPod};
-use crate::{Error, certs, secrets, status};
+use crate::{Error, addons, certs, secrets, status};
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
@@ -519,6 +519,40 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     )
     .await?;
 
+    // Add-ons, once the business API answers.
+    let api_ready = apiserver
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0)
+        > 0;
+    let addons = if api_ready && certificates_error.is_none() {
+        let ca_pem = all_secrets
+            .get(&names.ca_secret())
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get(secrets::CERT))
+            .map(|v| String::from_utf8_lossy(&v.0).to_string())
+            .unwrap_or_default();
+        let result = match addons::business_client(&names, &all_secrets).await {
+            Ok(business) => addons::apply_builtin(&business, &endpoint, &ca_pem).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result {
+            publish(
+                &ctx,
+                &cluster,
+                EventType::Warning,
+                "AddonsFailed",
+                "ApplyAddons",
+                e.clone(),
+            )
+            .await;
+        }
+        Some(result)
+    } else {
+        None
+    };
+
     // Status.
     let observed = status::Observed {
         etcd_pods: &etcd_pods,
@@ -528,7 +562,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         endpoint,
         certificates_expire_at: expiry,
         certificates_error,
-        addons: None,
+        addons,
         version: &version,
         etcd_version: &etcd_version,
     };

@@ -2,6 +2,7 @@
 //! converges each one's control plane (PKI, etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler, add-ons) to its spec.
 
+pub mod addons;
 pub mod certs;
 pub mod controller;
 pub mod error;

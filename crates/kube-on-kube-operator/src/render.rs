@@ -1,6 +1,7 @@
 //! Desired child objects of a Cluster, as pure functions of its spec: what the
 //! apply step sends with server-side apply. Unit-tested without a cluster.
 
+pub mod addons;
 pub mod control_plane;
 pub mod etcd;
 pub mod kubeconfig;

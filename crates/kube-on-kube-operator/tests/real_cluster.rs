@@ -15,21 +15,61 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, ExtraUser, Placement};
-use kube_on_kube_operator::controller::{Config, run};
 use serde_json::json;
 
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
     RUNNER.get_or_init(|| {
+        let operator = env!("CARGO_BIN_EXE_kube-on-kube-operator");
         PodRunner::start(
             KubeEnv::shared(),
             Options {
                 nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
+                programs: [("kube-on-kube-operator".to_string(), operator.into())].into(),
                 ..Default::default()
             },
         )
         .unwrap_or_else(|e| panic!("the Pod runner did not start: {e}"))
     })
+}
+
+/// Run the operator's binary as a Pod watching `ns`, with a ServiceAccount
+/// allowed to manage everything (the chart's least-privilege rules are tested
+/// with the chart).
+async fn start_operator(client: &Client, ns: &str, node: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "operator"}})).expect("account");
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("service account");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("operator-{ns}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns}]
+    }))
+    .expect("binding");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "operator"},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "operator",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "operator", "image": "kube-on-kube-operator",
+                            "args": [format!("--namespace={ns}"), "--log-level=info"]}]
+        }
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("operator pod");
 }
 
 fn condition(c: &Cluster, type_: &str) -> Option<String> {
@@ -77,7 +117,9 @@ async fn minimal_cluster_becomes_a_working_kubernetes() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("real-cluster").await;
-    let operator = tokio::spawn(run(client.clone(), Some(ns.clone()), 4, Config::default()));
+    // The operator runs as a Pod of the meta-cluster, as it does in production:
+    // it reaches the business API through its internal Service name.
+    start_operator(&client, &ns, &runner.nodes()[0]).await;
 
     let mut cluster: Cluster =
         serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
@@ -119,6 +161,10 @@ async fn minimal_cluster_becomes_a_working_kubernetes() {
     )
     .await;
     println!("control plane ready {:?} after create", started.elapsed());
+    assert_eq!(
+        ready.status.as_ref().and_then(|s| s.phase),
+        Some(kube_on_kube_api::cluster::ClusterPhase::Running)
+    );
     assert_eq!(
         ready
             .status
@@ -270,5 +316,7 @@ async fn minimal_cluster_becomes_a_working_kubernetes() {
     )
     .await;
     println!("control plane gone {:?} after delete", deleted.elapsed());
-    operator.abort();
+    pods.delete("operator", &DeleteParams::default())
+        .await
+        .expect("stop the operator");
 }
