@@ -852,6 +852,18 @@ async fn container_spec(
         target: "/etc/hosts".into(),
         read_only: false,
     }];
+    // The program itself, where it is on the machine: the container's /tmp is
+    // its own, and a checkout (with its build output) may live there.
+    if let Some(program) = argv
+        .first()
+        .filter(|p| p.starts_with('/') && std::path::Path::new(p).is_file())
+    {
+        mounts.push(Mount {
+            source: PathBuf::from(program),
+            target: program.clone(),
+            read_only: true,
+        });
+    }
     for m in container.volume_mounts.iter().flatten() {
         let source = sandbox
             .volumes
