@@ -456,6 +456,13 @@ pub struct ClusterStatus {
     pub certificates_expire_at: Option<Time>,
 }
 
+impl ClusterStatus {
+    /// The condition of type `type_`, if reported.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
 /// One-word summary of a Cluster's state.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum ClusterPhase {

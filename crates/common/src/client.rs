@@ -46,3 +46,14 @@ impl ClientArgs {
         Client::try_from(self.config().await?).map_err(Error::Client)
     }
 }
+
+impl ClientArgs {
+    /// A client for the selected cluster, checked by asking the API server for
+    /// its version, which is logged as `connected to <what>`.
+    pub async fn connect(&self, what: &str) -> Result<Client, Error> {
+        let client = self.client().await?;
+        let version = client.apiserver_version().await.map_err(Error::Api)?;
+        tracing::info!(server = %version.git_version, "connected to {what}");
+        Ok(client)
+    }
+}

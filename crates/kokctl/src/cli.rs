@@ -144,11 +144,7 @@ const CLUSTER_HEADER: [&str; 8] = [
 
 fn cluster_row(c: &Cluster) -> Vec<String> {
     let status = c.status.clone().unwrap_or_default();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|x| x.type_ == "Ready")
-        .map(|x| x.status.clone());
+    let ready = status.condition("Ready").map(|x| x.status.clone());
     let apiserver = status
         .components
         .map(|x| x.api_server)

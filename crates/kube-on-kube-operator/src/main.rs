@@ -37,9 +37,7 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.log.init();
-    let client = args.client.client().await?;
-    let version = client.apiserver_version().await?;
-    tracing::info!(server = %version.git_version, namespace = ?args.namespace, "connected to the meta-cluster");
+    let client = args.client.connect("the meta-cluster").await?;
     let config = kube_on_kube_operator::controller::Config {
         meta_domain: args.meta_cluster_domain,
         registry: args.image_registry,

@@ -57,12 +57,7 @@ async fn converge(
 }
 
 fn condition(c: &Cluster, type_: &str) -> Option<String> {
-    c.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|x| x.type_ == type_)
-        .map(|x| x.status.clone())
+    Some(c.status.as_ref()?.condition(type_)?.status.clone())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

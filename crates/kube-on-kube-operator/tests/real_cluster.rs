@@ -73,12 +73,7 @@ async fn start_operator(client: &Client, ns: &str, node: &str) {
 }
 
 fn condition(c: &Cluster, type_: &str) -> Option<String> {
-    c.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|x| x.type_ == type_)
-        .map(|x| x.status.clone())
+    Some(c.status.as_ref()?.condition(type_)?.status.clone())
 }
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {

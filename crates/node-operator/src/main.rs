@@ -27,9 +27,7 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.log.init();
-    let client = args.client.client().await?;
-    let version = client.apiserver_version().await?;
-    tracing::info!(server = %version.git_version, "connected to the business cluster");
+    let client = args.client.connect("the business cluster").await?;
     node_operator::run(client, args.concurrency).await;
     Ok(())
 }
