@@ -254,11 +254,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .into_iter()
         .map(|s| (s.name_any(), s))
         .collect();
-    let services: BTreeMap<String, Service> = list(&services_api, &names.cluster)
-        .await?
-        .into_iter()
-        .map(|s| (s.name_any(), s))
-        .collect();
     let mut etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
         .await?
         .into_iter()
@@ -271,11 +266,12 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .collect();
 
     if spec.paused {
-        let endpoint = external_url(
-            &cluster,
-            &names,
-            services.get(&names.apiserver_external_service()),
-        );
+        // Only read, never applied, while paused.
+        let external = services_api
+            .get_opt(&names.apiserver_external_service())
+            .await
+            .map_err(Error::Kube)?;
+        let endpoint = external_url(&cluster, &names, external.as_ref());
         let observed = status::Observed {
             etcd_pods: &etcd_pods,
             apiserver: deployments.get(&names.deployment(Component::ApiServer)),
