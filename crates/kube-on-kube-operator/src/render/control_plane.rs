@@ -25,7 +25,7 @@ pub const API_PORT: i32 = 6443;
 const CONTROLLER_MANAGER_PORT: i32 = 10257;
 const SCHEDULER_PORT: i32 = 10259;
 const PKI: &str = "/etc/kubernetes/pki";
-const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
+pub(crate) const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
 
 /// Images and the config hash of one component's Pods.
 pub struct PodInputs<'a> {
@@ -90,7 +90,7 @@ fn flags(ours: Vec<(&str, String)>, user: &ComponentSpec) -> Vec<String> {
 
 /// One component's Deployment: replicas from the mode, spread across nodes,
 /// placed by the Cluster, rolled only when a new Pod is ready first.
-fn deployment(
+pub(crate) fn deployment(
     cluster: &Cluster,
     names: &Names,
     component: Component,
@@ -179,7 +179,7 @@ fn pod_ip_env() -> EnvVar {
     }
 }
 
-fn mount(name: &str, path: &str) -> VolumeMount {
+pub(crate) fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -400,7 +400,7 @@ pub fn internal_api_url(names: &Names) -> String {
     )
 }
 
-fn kubeconfig_volume(names: &Names, identity: &str) -> Volume {
+pub(crate) fn kubeconfig_volume(names: &Names, identity: &str) -> Volume {
     projected(
         "kubeconfig",
         vec![projection(
