@@ -5,6 +5,7 @@
 pub mod controller;
 pub mod error;
 pub mod install;
+pub mod rollout;
 pub mod ssh;
 
 pub use controller::{Context, run};
