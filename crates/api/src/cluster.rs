@@ -444,6 +444,13 @@ pub struct ClusterStatus {
     /// etcd members as the etcd API reports them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub etcd_members: Vec<EtcdMemberStatus>,
+    /// The etcd membership change being carried out (adding, starting,
+    /// promoting, removing or restarting one member), recorded before it is
+    /// taken so that a restarted operator resumes it; absent when etcd needs
+    /// no change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub etcd_change: Option<serde_json::Value>,
     /// URL of the business cluster's API for users and kubelets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,

@@ -240,6 +240,8 @@ pub fn build(
         conditions,
         components: Some(components),
         etcd_members: members,
+        // Written by the etcd step under its own field manager.
+        etcd_change: None,
         endpoint: Some(observed.endpoint.clone()),
         admin_kubeconfig_secret: Some(names.kubeconfig_secret("admin")),
         certificates_expire_at: observed.certificates_expire_at.map(Time),
