@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries the test environment runs (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd, etcdctl, kwok,
-# helm) from their Go modules and caches them outside the repository.
+# helm) from their Go modules and caches them outside the repository. The
+# previous patch releases of the control plane and etcd are built too, under
+# versioned names (kube-apiserver-v1.35.3, etcd-v3.6.15, …), so that upgrades
+# can be tested from one real release to the next.
 #
 # Idempotent: when every binary for the pinned versions is already in the cache,
 # it prints the directory and exits without building.
@@ -14,11 +17,16 @@ K8S_VERSION=${K8S_VERSION:-v1.35.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+# Releases an upgrade test starts from.
+K8S_FROM_VERSION=${K8S_FROM_VERSION:-v1.35.3}
+ETCD_FROM_VERSION=${ETCD_FROM_VERSION:-v3.6.15}
 
 root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
 dir="$root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
 bin="$dir/bin"
-wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd etcdctl kwok helm)
+wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd etcdctl kwok helm
+  "kube-apiserver-$K8S_FROM_VERSION" "kube-controller-manager-$K8S_FROM_VERSION"
+  "kube-scheduler-$K8S_FROM_VERSION" "etcd-$ETCD_FROM_VERSION")
 
 have_all() {
   local b
@@ -40,23 +48,24 @@ export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 # k8s.io/kubernetes uses replace directives for its staging modules, which `go
 # install` refuses. A wrapper module requires it and replaces every staging module
 # with its published v0.x release of the same patch.
-build_kubernetes() {
-  local need=0 b
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
-    [ -x "$bin/$b" ] || need=1
+build_kubernetes() { # version suffix commands...
+  local version=$1 suffix=$2 need=0 b
+  shift 2
+  for b in "$@"; do
+    [ -x "$bin/$b$suffix" ] || need=1
   done
   [ $need = 1 ] || return 0
-  local src="$dir/src/kubernetes" staging="v0.${K8S_VERSION#v1.}"
+  local src="$dir/src/kubernetes-$version" staging="v0.${version#v1.}"
   mkdir -p "$src"
-  log "reading the staging module list of k8s.io/kubernetes@$K8S_VERSION"
+  log "reading the staging module list of k8s.io/kubernetes@$version"
   local gomod
-  gomod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  gomod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   {
     echo "module kube-on-kube.test/k8s-bins"
     echo
     echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
     echo
-    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo "require k8s.io/kubernetes $version"
     echo
     grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/' "$gomod" \
       | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
@@ -76,25 +85,26 @@ import (
 GO
   (cd "$src" && go mod tidy >&2)
   local pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version
-  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local minor=${version#v1.}; minor=${minor%%.*}
   local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   local ld="-s -w"
   for p in $pkg $cg; do
-    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld="$ld -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=$date -X $p.gitCommit=0000000000000000000000000000000000000000"
   done
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
-    [ -x "$bin/$b" ] && continue
-    log "building $b $K8S_VERSION"
-    (cd "$src" && go build -trimpath -ldflags "$ld" -o "$bin/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$bin/$b.tmp" "$bin/$b")
+  for b in "$@"; do
+    [ -x "$bin/$b$suffix" ] && continue
+    log "building $b $version"
+    (cd "$src" && go build -trimpath -ldflags "$ld" -o "$bin/$b$suffix.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$bin/$b$suffix.tmp" "$bin/$b$suffix")
   done
 }
 
 # --- etcd -------------------------------------------------------------------
 # etcd's own go.mod has replace directives too: one-line mains in a wrapper.
-build_etcd() {
-  [ -x "$bin/etcd" ] && [ -x "$bin/etcdctl" ] && return 0
-  local src="$dir/src/etcd"
+build_etcd() { # version suffix with-etcdctl
+  local version=$1 suffix=$2 ctl=$3
+  [ -x "$bin/etcd$suffix" ] && { [ "$ctl" = no ] || [ -x "$bin/etcdctl" ]; } && return 0
+  local src="$dir/src/etcd-$version"
   mkdir -p "$src/etcd" "$src/etcdctl"
   cat >"$src/go.mod" <<GOMOD
 module kube-on-kube.test/etcd-bins
@@ -102,8 +112,8 @@ module kube-on-kube.test/etcd-bins
 go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')
 
 require (
-	go.etcd.io/etcd/server/v3 $ETCD_VERSION
-	go.etcd.io/etcd/etcdctl/v3 $ETCD_VERSION
+	go.etcd.io/etcd/server/v3 $version
+	go.etcd.io/etcd/etcdctl/v3 $version
 )
 GOMOD
   cat >"$src/etcd/main.go" <<'GO'
@@ -125,9 +135,12 @@ import "go.etcd.io/etcd/etcdctl/v3/ctlv3"
 func main() { ctlv3.MustStart() }
 GO
   (cd "$src" && go mod tidy >&2)
-  local v=go.etcd.io/etcd/api/v3/version
-  log "building etcd and etcdctl $ETCD_VERSION"
-  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/etcd" ./etcd && go build -trimpath -ldflags "-s -w" -o "$bin/etcdctl" ./etcdctl)
+  log "building etcd $version"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/etcd$suffix" ./etcd)
+  if [ "$ctl" = yes ]; then
+    log "building etcdctl $version"
+    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/etcdctl" ./etcdctl)
+  fi
 }
 
 build_install() { # name module-path version
@@ -136,10 +149,12 @@ build_install() { # name module-path version
   GOBIN="$bin" go install -trimpath -ldflags "-s -w" "$2@$3"
 }
 
-build_etcd
+build_etcd "$ETCD_VERSION" "" yes
+build_etcd "$ETCD_FROM_VERSION" "-$ETCD_FROM_VERSION" no
 build_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
-build_kubernetes
+build_kubernetes "$K8S_VERSION" "" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+build_kubernetes "$K8S_FROM_VERSION" "-$K8S_FROM_VERSION" kube-apiserver kube-controller-manager kube-scheduler
 
 have_all || { echo "some binaries are missing in $bin" >&2; exit 1; }
 took=$(( $(date +%s) - start ))
