@@ -9,5 +9,6 @@ pub mod hosts;
 pub mod kube_env;
 pub mod pods;
 mod process;
+pub mod proxy;
 mod sys;
 pub mod wait;
