@@ -40,6 +40,10 @@ pub struct Slot {
     pub peer_url: String,
     pub pod: PodState,
     pub claim: ClaimState,
+    /// The Pod runs another image or configuration than the one wanted now
+    /// (a new etcd version, renewed certificates): it is restarted on its
+    /// data, one member at a time.
+    pub outdated: bool,
 }
 
 impl Slot {
@@ -51,7 +55,14 @@ impl Slot {
             name,
             pod,
             claim,
+            outdated: false,
         }
+    }
+
+    /// The same slot, with its Pod marked as running an outdated template.
+    pub fn outdated(mut self, outdated: bool) -> Self {
+        self.outdated = outdated;
+        self
     }
 }
 
@@ -131,6 +142,11 @@ pub enum Step {
     DeleteClaim {
         index: usize,
     },
+    /// Delete the outdated Pod of the member at `index`, which stays a
+    /// member: it is started again on its data with the current template.
+    RollMember {
+        index: usize,
+    },
     Wait {
         reason: String,
     },
@@ -153,6 +169,7 @@ impl Step {
             Step::RemoveMember { .. } => "remove",
             Step::DeletePod { .. } => "delete-pod",
             Step::DeleteClaim { .. } => "delete-claim",
+            Step::RollMember { .. } => "roll",
             Step::Wait { .. } => "wait",
             Step::Done => "done",
         }
@@ -170,6 +187,9 @@ pub struct Observed<'a> {
     pub live: Option<&'a [Member]>,
     /// The last change recorded, cleared when a plan says `Done`.
     pub recorded: Option<&'a Step>,
+    /// Whether a member's data survives its Pod (a claim). Without a claim
+    /// a deleted Pod takes its data along, so rolling a member replaces it.
+    pub data_outlives_pod: bool,
 }
 
 fn wait(reason: impl Into<String>) -> Step {
@@ -347,7 +367,46 @@ fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
     if let Some(index) = (0..wanted).find(|&i| in_list(i).is_none()) {
         return Step::AddLearner { index };
     }
+
+    // 7. Roll outdated members, one at a time, only while every voter serves.
+    if let Some(m) = members
+        .iter()
+        .find(|m| m.slot.is_some_and(|i| o.slots[i].outdated))
+    {
+        return roll(o, &members, m);
+    }
     Step::Done
+}
+
+/// Restart `target` (a ready voter of a wanted slot, every voter serving)
+/// with the current template.
+fn roll(o: &Observed<'_>, members: &[LiveMember<'_>], target: &LiveMember<'_>) -> Step {
+    let Some(index) = target.slot else {
+        return wait("an outdated member belongs to no slot");
+    };
+    let name = &o.slots[index].name;
+    let voters = members.iter().filter(|m| !m.member.is_learner).count();
+    if !o.data_outlives_pod {
+        if voters == 1 {
+            return wait(format!(
+                "{name} is the only member and its data does not outlive its Pod: restarting it would lose the cluster"
+            ));
+        }
+        // Its data goes with its Pod: replace it as a member that lost its data.
+        return remove(o, members, target, &format!("rolling {name}"));
+    }
+    // A single member cannot keep a quorum through its own restart; a
+    // cluster of one has accepted that. Otherwise the others must make one.
+    let others_ready = members
+        .iter()
+        .filter(|m| !m.member.is_learner && m.member.id != target.member.id && m.ready(o))
+        .count();
+    if voters > 1 && others_ready < voters / 2 + 1 {
+        return wait(format!(
+            "rolling {name} would leave {others_ready} of {voters} voters serving, short of a quorum"
+        ));
+    }
+    Step::RollMember { index }
 }
 
 /// Leftover Pod or claim of slot `index`, which etcd does not list: a

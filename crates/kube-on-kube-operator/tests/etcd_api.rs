@@ -385,6 +385,7 @@ impl<'a> Driver<'a> {
                 } else {
                     ClaimState::Absent
                 },
+                outdated: false,
             });
         }
         (slots, self.client.member_list().await.ok())
@@ -428,7 +429,7 @@ impl<'a> Driver<'a> {
                     return retry(e);
                 }
             }
-            Step::DeletePod { index } => self.running[*index] = None,
+            Step::DeletePod { index } | Step::RollMember { index } => self.running[*index] = None,
             Step::DeleteClaim { index } => std::fs::remove_dir_all(self.data_dir(*index)).unwrap(),
             Step::Wait { .. } | Step::Done => {}
         }
@@ -470,6 +471,7 @@ impl<'a> Driver<'a> {
                 slots: &slots,
                 live: live.as_deref(),
                 recorded: self.recorded.as_ref(),
+                data_outlives_pod: true,
             });
             match &step {
                 Step::Done => {

@@ -74,6 +74,7 @@ fn plan_for(
         slots: &slots(states),
         live,
         recorded,
+        data_outlives_pod: true,
     })
 }
 
@@ -473,6 +474,12 @@ struct World {
     recorded: Option<Step>,
     /// Every member ID ever added, to count additions.
     added: Vec<u64>,
+    /// Pods running an outdated template.
+    outdated: Vec<bool>,
+    /// Whether data survives a Pod (claims) or goes with it (emptyDir).
+    durable: bool,
+    /// Pod (re)starts of members that kept their ID, to count restarts.
+    restarts: usize,
 }
 
 impl World {
@@ -485,6 +492,9 @@ impl World {
             next_id: 1000,
             recorded: None,
             added: vec![],
+            outdated: vec![false; SLOTS],
+            durable: true,
+            restarts: 0,
         }
     }
 
@@ -513,7 +523,9 @@ impl World {
 
     fn plan(&self, desired: usize) -> Step {
         let slots: Vec<Slot> = (0..SLOTS)
-            .map(|i| Slot::new(&names(), i, self.pods[i], self.claims[i]))
+            .map(|i| {
+                Slot::new(&names(), i, self.pods[i], self.claims[i]).outdated(self.outdated[i])
+            })
             .collect();
         let live = self.live();
         plan(&Observed {
@@ -521,6 +533,7 @@ impl World {
             slots: &slots,
             live: live.as_deref(),
             recorded: self.recorded.as_ref(),
+            data_outlives_pod: self.durable,
         })
     }
 
@@ -602,9 +615,13 @@ impl World {
                         initial_cluster.iter().any(|p| p.peer_url == peer(i)),
                         "{initial_cluster:?}"
                     );
+                    if !m.name.is_empty() {
+                        self.restarts += 1;
+                    }
                     m.name = names().etcd_member(i);
                 }
                 self.pods[i] = Ready;
+                self.outdated[i] = false;
             }
             Step::Promote { id, .. } => {
                 let m = self.members.iter_mut().find(|m| m.id == *id).unwrap();
@@ -628,7 +645,27 @@ impl World {
                     }
                 }
             }
-            Step::DeletePod { index } => self.pods[*index] = NoPod,
+            Step::DeletePod { index } => self.delete_pod(*index),
+            Step::RollMember { index } => {
+                let i = *index;
+                assert!(self.durable, "rolled a member whose data goes with its pod");
+                assert_eq!(self.pods[i], Ready, "rolled a member that is not serving");
+                let voters: Vec<_> = self.members.iter().filter(|m| !m.is_learner).collect();
+                assert!(
+                    voters.iter().any(|m| self.slot_of(m) == Some(i)),
+                    "rolled a non-voter: {self:?}"
+                );
+                let others = voters
+                    .iter()
+                    .filter(|m| self.slot_of(m) != Some(i))
+                    .filter(|m| self.slot_of(m).is_some_and(|j| self.pods[j] == Ready))
+                    .count();
+                assert!(
+                    voters.len() == 1 || others > voters.len() / 2,
+                    "rolling {i} breaks quorum: {self:?}"
+                );
+                self.delete_pod(i);
+            }
             Step::DeleteClaim { index } => {
                 assert_eq!(self.pods[*index], NoPod, "claim deleted under its pod");
                 self.claims[*index] = ClaimState::Absent;
@@ -636,6 +673,14 @@ impl World {
             }
             Step::Wait { reason } => panic!("model never waits, got: {reason} in {self:?}"),
             Step::Done => self.recorded = None,
+        }
+    }
+
+    fn delete_pod(&mut self, index: usize) {
+        self.pods[index] = NoPod;
+        if !self.durable {
+            self.claims[index] = ClaimState::Absent;
+            self.stale_data[index] = false;
         }
     }
 
@@ -664,9 +709,22 @@ impl World {
         );
         assert!(self.members.iter().all(|m| !m.is_learner));
         assert!((0..desired).all(|i| self.pods[i] == Ready));
+        assert!((0..desired).all(|i| !self.outdated[i]), "{self:?}");
         assert!(
             (desired..SLOTS).all(|i| self.pods[i] == NoPod && self.claims[i] == ClaimState::Absent)
         );
+    }
+}
+
+impl World {
+    /// `n` healthy voters whose Pods all run an outdated template.
+    fn outdated(n: usize, durable: bool) -> Self {
+        let mut w = Self::healthy(n);
+        w.durable = durable;
+        for i in 0..n {
+            w.outdated[i] = true;
+        }
+        w
     }
 }
 
@@ -757,6 +815,7 @@ fn quorum_protection_blocks_until_a_voter_recovers() {
         slots: &slots,
         live: Some(&w.members),
         recorded: None,
+        data_outlives_pod: true,
     });
     assert!(is_wait(&step, "quorum"), "{step:?}");
     w.pods[2] = Ready;
@@ -801,6 +860,9 @@ fn crash_at_any_step_converges() {
         ),
         ("scale out", World::healthy(1), 3),
         ("scale in", World::healthy(3), 1),
+        ("roll", World::outdated(3, true), 3),
+        ("roll without claims", World::outdated(3, false), 3),
+        ("roll the only member", World::outdated(1, true), 1),
     ];
     for (name, world, desired) in scenarios {
         let full = world.clone().converge(desired);
@@ -838,4 +900,72 @@ fn bootstrap_interrupted_part_way_resumes() {
     assert!(matches!(step, Step::Bootstrap { .. }), "{step:?}");
     w.pods[0] = Ready;
     assert_eq!(kinds(&w.converge(3)), ["bootstrap"]);
+}
+
+#[test]
+fn outdated_members_roll_one_at_a_time_on_their_data() {
+    let mut w = World::outdated(3, true);
+    let steps = w.converge(3);
+    assert_eq!(
+        kinds(&steps),
+        ["roll", "start", "roll", "start", "roll", "start"]
+    );
+    // Each restarted on its data, as the same member.
+    assert_eq!(w.restarts, 3);
+    assert!(w.added.is_empty());
+    for (i, step) in steps.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+        let Step::StartMember { index, state, .. } = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(*index, i / 2);
+        assert_eq!(*state, ClusterState::Existing);
+    }
+}
+
+#[test]
+fn a_roll_waits_while_another_voter_is_down() {
+    let mut w = World::outdated(3, true);
+    w.pods[1] = NotReady;
+    let step = w.plan(3);
+    assert!(is_wait(&step, "not ready"), "{step:?}");
+    // Only the slots marked outdated roll.
+    let mut w = World::healthy(3);
+    w.outdated[2] = true;
+    assert_eq!(kinds(&w.converge(3)), ["roll", "start"]);
+}
+
+#[test]
+fn without_claims_rolling_replaces_and_never_restarts_the_only_member() {
+    let mut w = World::outdated(3, false);
+    let steps = kinds(&w.converge(3));
+    assert_eq!(
+        steps[..5],
+        ["remove", "delete-pod", "add", "start", "promote"]
+    );
+    assert_eq!(w.added.len(), 3);
+    let w = World::outdated(1, false);
+    let step = w.plan(1);
+    assert!(is_wait(&step, "only member"), "{step:?}");
+}
+
+#[test]
+fn a_roll_interrupted_by_a_crash_restarts_the_member_even_without_a_quorum() {
+    // The only member's Pod was deleted for a roll; etcd is unreachable.
+    let mut w = World::outdated(1, true);
+    let roll = w.plan(1);
+    assert_eq!(roll, Step::RollMember { index: 0 });
+    w.apply(&roll);
+    assert!(w.live().is_none());
+    let step = w.plan(1);
+    assert!(
+        matches!(
+            step,
+            Step::StartMember {
+                index: 0,
+                state: ClusterState::Existing,
+                ..
+            }
+        ),
+        "{step:?}"
+    );
 }
