@@ -1,20 +1,27 @@
-//! Command-line structure and the commands themselves.
+//! Command-line structure: flags and subcommands, and which module runs each.
 
-use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
 use kok_common::client::ClientArgs;
-use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
-use kube_on_kube_api::cluster::ComponentStatus;
-use kube_on_kube_api::{Cluster, Machine};
-use serde::Serialize;
+use kube::Client;
+use kube_on_kube_api::canary::CanaryAction;
+use kube_on_kube_api::cluster::ClusterMode;
 
-use crate::table;
+use crate::cluster::{self, CreateArgs};
+use crate::error::Error;
+use crate::output::Output;
+use crate::{canary, machine};
 
 /// Manage kube-on-kube business clusters and their machines.
 ///
-/// Talks to the meta-cluster for clusters and to a business cluster for
-/// machines, with the usual kubeconfig flags.
+/// `cluster` commands talk to the meta-cluster (where Cluster objects live);
+/// `machine` and `canary` commands talk to a business cluster (write its
+/// kubeconfig with `cluster kubeconfig NAME --output-file F` and pass
+/// `--kubeconfig F`).
+///
+/// Exit status: 0 on success, 2 when a --wait timed out, 1 on any other error.
 #[derive(Parser, Debug)]
 #[command(name = "kubectl-kok", bin_name = "kubectl kok", version)]
 pub struct Cli {
@@ -35,10 +42,74 @@ enum Command {
     /// Hosts of a business cluster (Machine objects in it).
     #[command(subcommand)]
     Machine(MachineCommand),
+    /// Canary releases of package versions in a business cluster.
+    #[command(subcommand)]
+    Canary(CanaryCommand),
+}
+
+/// `--timeout` values: Go-style durations.
+fn duration(text: &str) -> Result<Duration, String> {
+    kok_common::duration::parse(text).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand, Debug)]
 enum ClusterCommand {
+    /// Create a business cluster, and with --wait wait until it is Ready,
+    /// printing each condition as it turns True.
+    Create {
+        /// Name of the Cluster (at most 40 characters).
+        name: String,
+        /// Kubernetes version, for example 1.35.4 (default: the file's, else 1.35.4).
+        #[arg(long)]
+        version: Option<String>,
+        /// Production (3 of everything) or Minimal (1 of everything)
+        /// (default: the file's, else Production).
+        #[arg(long, value_parser = parse_mode)]
+        mode: Option<ClusterMode>,
+        /// etcd storage: `emptyDir` or a claim size such as `10Gi` (default:
+        /// the file's; else emptyDir for Minimal, 10Gi for Production).
+        #[arg(long)]
+        etcd_storage: Option<String>,
+        /// Start from this Cluster manifest (YAML or JSON); NAME, the namespace
+        /// and the flags above override its values.
+        #[arg(long, short = 'f')]
+        from: Option<PathBuf>,
+        /// Wait until the Cluster is Ready.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, as a duration (90s, 10m).
+        #[arg(long, default_value = "10m", value_parser = duration)]
+        timeout: Duration,
+    },
+    /// Print the kubeconfig of a business cluster's admin or of one of its
+    /// spec.extraUsers, or write it to a file (mode 0600).
+    Kubeconfig {
+        /// Name of the Cluster.
+        name: String,
+        /// An extraUsers entry instead of the admin.
+        #[arg(long)]
+        user: Option<String>,
+        /// Write it to this file instead of standard output.
+        #[arg(long)]
+        output_file: Option<PathBuf>,
+        /// Use this API server URL instead of the Cluster's endpoint (for
+        /// example a load balancer or Pod address reachable from here); the
+        /// certificate is still checked against the endpoint's host name.
+        #[arg(long)]
+        server: Option<String>,
+    },
+    /// Delete a business cluster, and with --wait wait until it and every
+    /// object it owned are gone.
+    Delete {
+        /// Name of the Cluster.
+        name: String,
+        /// Wait until the Cluster and its objects are gone.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, as a duration (90s, 10m).
+        #[arg(long, default_value = "5m", value_parser = duration)]
+        timeout: Duration,
+    },
     /// The fleet view: version, health and endpoint of every business cluster.
     List {
         /// List Clusters in every namespace.
@@ -50,6 +121,14 @@ enum ClusterCommand {
     },
 }
 
+fn parse_mode(text: &str) -> Result<ClusterMode, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "production" => Ok(ClusterMode::Production),
+        "minimal" => Ok(ClusterMode::Minimal),
+        _ => Err(format!("{text:?}: use Production or Minimal")),
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum MachineCommand {
     /// Every Machine with its phase, Node and installed kubelet.
@@ -58,129 +137,159 @@ enum MachineCommand {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// One Machine: packages, conditions and the last operation.
+    Describe {
+        /// Name of the Machine.
+        name: String,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
 }
 
-/// How objects are printed.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Output {
-    /// An aligned table.
-    Table,
-    /// The objects as YAML.
-    Yaml,
-    /// The objects as JSON.
-    Json,
+#[derive(Subcommand, Debug)]
+enum CanaryCommand {
+    /// Phase, batch and per-Machine results of a release.
+    Status {
+        /// Name of the CanaryRelease.
+        name: String,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Finish the Machines in flight and start no new batch.
+    Pause { name: String },
+    /// Continue a paused or halted release.
+    Resume { name: String },
+    /// Make the release's target versions the cluster default.
+    Promote { name: String },
+    /// Return every upgraded Machine to its previous version.
+    Rollback { name: String },
 }
 
 impl Cli {
     /// Run the selected command.
-    pub async fn run(self) -> anyhow::Result<()> {
-        let client = self
-            .client
-            .client()
-            .await
-            .context("connect to the cluster (check --kubeconfig and --context)")?;
+    pub async fn run(self) -> Result<(), Error> {
+        let client: Client = self.client.client().await.map_err(Error::Connect)?;
+        let namespace = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string());
         match self.command {
-            Command::Cluster(ClusterCommand::List {
-                all_namespaces,
-                output,
-            }) => {
-                let api: Api<Cluster> = if all_namespaces {
-                    Api::all(client)
-                } else {
-                    namespaced(client, self.namespace.as_deref())
-                };
-                let list = api.list(&ListParams::default()).await.context(
-                    "list Clusters (are the kube-on-kube CRDs installed in this cluster?)",
-                )?;
-                print(output, &list.items, cluster_row, &CLUSTER_HEADER)
-            }
-            Command::Machine(MachineCommand::List { output }) => {
-                let list = Api::<Machine>::all(client)
-                    .list(&ListParams::default())
+            Command::Cluster(command) => match command {
+                ClusterCommand::Create {
+                    name,
+                    version,
+                    mode,
+                    etcd_storage,
+                    from,
+                    wait,
+                    timeout,
+                } => {
+                    let args = CreateArgs {
+                        version,
+                        mode,
+                        etcd_storage,
+                        from: from.as_deref().map(cluster::read_manifest).transpose()?,
+                    };
+                    cluster::create(client, &namespace, &name, &args, wait.then_some(timeout)).await
+                }
+                ClusterCommand::Kubeconfig {
+                    name,
+                    user,
+                    output_file,
+                    server,
+                } => {
+                    cluster::kubeconfig(
+                        client,
+                        &namespace,
+                        &name,
+                        user.as_deref(),
+                        server.as_deref(),
+                        output_file.as_ref(),
+                    )
                     .await
-                    .context(
-                        "list Machines (is this a business cluster with the node-operator CRDs?)",
-                    )?;
-                print(output, &list.items, machine_row, &MACHINE_HEADER)
+                }
+                ClusterCommand::Delete {
+                    name,
+                    wait,
+                    timeout,
+                } => cluster::delete(client, &namespace, &name, wait.then_some(timeout)).await,
+                ClusterCommand::List {
+                    all_namespaces,
+                    output,
+                } => {
+                    let ns = (!all_namespaces).then_some(namespace.as_str());
+                    cluster::list(client, ns, output).await
+                }
+            },
+            Command::Machine(MachineCommand::List { output }) => {
+                machine::list(client, output).await
+            }
+            Command::Machine(MachineCommand::Describe { name, output }) => {
+                machine::describe(client, &name, output).await
+            }
+            Command::Canary(command) => {
+                let (name, action) = match command {
+                    CanaryCommand::Status { name, output } => {
+                        return canary::status(client, &name, output).await;
+                    }
+                    CanaryCommand::Pause { name } => (name, CanaryAction::Pause),
+                    CanaryCommand::Resume { name } => (name, CanaryAction::Resume),
+                    CanaryCommand::Promote { name } => (name, CanaryAction::Promote),
+                    CanaryCommand::Rollback { name } => (name, CanaryAction::Rollback),
+                };
+                canary::act(client, &name, action).await
             }
         }
     }
 }
 
-fn namespaced(client: Client, namespace: Option<&str>) -> Api<Cluster> {
-    match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::default_namespaced(client),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
-}
 
-fn print<T: Serialize>(
-    output: Output,
-    items: &[T],
-    row: fn(&T) -> Vec<String>,
-    header: &[&str],
-) -> anyhow::Result<()> {
-    match output {
-        Output::Table => print!(
-            "{}",
-            table::render(header, &items.iter().map(row).collect::<Vec<_>>())
-        ),
-        Output::Yaml => print!("{}", serde_norway::to_string(items)?),
-        Output::Json => println!("{}", serde_json::to_string_pretty(items)?),
+    #[test]
+    fn create_parses_its_flags() {
+        let cli = Cli::try_parse_from([
+            "kubectl-kok",
+            "-n",
+            "ci",
+            "cluster",
+            "create",
+            "c1",
+            "--mode",
+            "minimal",
+            "--wait",
+            "--timeout",
+            "20s",
+        ])
+        .expect("parse");
+        assert_eq!(cli.namespace.as_deref(), Some("ci"));
+        match cli.command {
+            Command::Cluster(ClusterCommand::Create {
+                name,
+                mode,
+                wait,
+                timeout,
+                ..
+            }) => {
+                assert_eq!(name, "c1");
+                assert_eq!(mode, Some(ClusterMode::Minimal));
+                assert!(wait);
+                assert_eq!(timeout, Duration::from_secs(20));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(
+            Cli::try_parse_from(["kubectl-kok", "cluster", "create", "c", "--timeout", "5d"])
+                .is_err()
+        );
     }
-    Ok(())
-}
-
-const CLUSTER_HEADER: [&str; 8] = [
-    "NAMESPACE",
-    "NAME",
-    "VERSION",
-    "MODE",
-    "PHASE",
-    "READY",
-    "APISERVER",
-    "ENDPOINT",
-];
-
-fn cluster_row(c: &Cluster) -> Vec<String> {
-    let status = c.status.clone().unwrap_or_default();
-    let ready = status.condition("Ready").map(|x| x.status.clone());
-    let apiserver = status
-        .components
-        .map(|x| x.api_server)
-        .map(|ComponentStatus { ready, .. }| ready);
-    vec![
-        c.namespace().unwrap_or_default(),
-        c.name_any(),
-        c.spec.version.clone(),
-        format!("{:?}", c.spec.mode),
-        status
-            .phase
-            .map(|p| format!("{p:?}"))
-            .unwrap_or_else(|| "-".into()),
-        ready.unwrap_or_else(|| "-".into()),
-        apiserver.unwrap_or_else(|| "-".into()),
-        status.endpoint.unwrap_or_else(|| "-".into()),
-    ]
-}
-
-const MACHINE_HEADER: [&str; 6] = ["NAME", "IP", "PHASE", "NODE", "KUBELET", "CANARY"];
-
-fn machine_row(m: &Machine) -> Vec<String> {
-    let status = m.status.clone().unwrap_or_default();
-    vec![
-        m.name_any(),
-        m.spec.ip.clone(),
-        status
-            .phase
-            .map(|p| format!("{p:?}"))
-            .unwrap_or_else(|| "-".into()),
-        status.node_name.unwrap_or_else(|| "-".into()),
-        status
-            .installed
-            .get("kubelet")
-            .map(|p| p.version.clone())
-            .unwrap_or_else(|| "-".into()),
-        status.canary.unwrap_or_else(|| "-".into()),
-    ]
 }
