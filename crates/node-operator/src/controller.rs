@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kube_on_kube_api::{CanaryRelease, ClusterPackageVersion, Machine};
+use kube_on_kube_api::{CanaryRelease, Machine};
 use serde::de::DeserializeOwned;
 
 use crate::Error;
@@ -30,7 +30,7 @@ pub async fn run(client: Client, concurrency: u16) {
     });
     futures::join!(
         controller::<Machine>("machine", &client, concurrency, &ctx),
-        controller::<ClusterPackageVersion>("clusterpackageversion", &client, 1, &ctx),
+        crate::cpv::run(client.clone()),
         controller::<CanaryRelease>("canaryrelease", &client, concurrency, &ctx),
     );
 }

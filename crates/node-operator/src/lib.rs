@@ -3,6 +3,7 @@
 //! and keeps every host's packages at their declared versions over SSH.
 
 pub mod controller;
+pub mod cpv;
 pub mod error;
 pub mod install;
 pub mod rollout;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kube_on_kube_api::machine::MachinePhase;
-use kube_on_kube_api::{ClusterPackageVersion, Machine};
+use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
 
 /// Annotation on a Machine naming the CanaryRelease that claims it. Two
 /// releases never claim the same Machine.
@@ -93,6 +93,23 @@ pub fn target(machine: &Machine, cpv: Option<&ClusterPackageVersion>) -> Target 
         }
     }
     t
+}
+
+/// Whether `pv` (looked up by `name`) can serve as `package`'s version: it
+/// exists and is a version of that package. The message says what is wrong.
+pub fn check_package_version(
+    package: &str,
+    name: &str,
+    pv: Option<&PackageVersion>,
+) -> Result<(), String> {
+    match pv {
+        None => Err(format!("{package}: PackageVersion {name} does not exist")),
+        Some(pv) if pv.spec.package != package => Err(format!(
+            "{package}: PackageVersion {name} is a version of {}, not {package}",
+            pv.spec.package
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// Whether the Node named by a Machine is Ready.
@@ -426,6 +443,29 @@ mod tests {
             .map(String::from)
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn package_version_must_exist_and_match_the_package() {
+        let pv: PackageVersion = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeonkube.io/v1alpha1",
+            "kind": "PackageVersion",
+            "metadata": {"name": "kubelet-1.35.0"},
+            "spec": {
+                "package": "kubelet",
+                "version": "1.35.0",
+                "artifacts": [{"arch": "amd64", "url": "http://x/k.tgz", "sha256": "0".repeat(64)}]
+            }
+        }))
+        .expect("valid PackageVersion");
+        assert_eq!(
+            check_package_version("kubelet", "kubelet-1.35.0", Some(&pv)),
+            Ok(())
+        );
+        let wrong = check_package_version("containerd", "kubelet-1.35.0", Some(&pv));
+        assert!(wrong.is_err_and(|e| e.contains("is a version of kubelet, not containerd")));
+        let missing = check_package_version("kubelet", "kubelet-9.9.9", None);
+        assert!(missing.is_err_and(|e| e.contains("kubelet-9.9.9 does not exist")));
     }
 
     fn set(names: &[&str]) -> BTreeSet<String> {
