@@ -565,14 +565,15 @@ mod tests {
             name: "sre".into(),
             groups: vec![],
         }];
-        let names = kube_on_kube_operator::names::Names::new(&c, "cluster.local");
+        // The operator's names (crates/kube-on-kube-operator/src/names.rs); the
+        // CLI integration test reads them from a running operator.
         assert_eq!(
             kubeconfig_secret(&c, None).expect("admin"),
-            names.kubeconfig_secret("admin")
+            "prod-admin-kubeconfig"
         );
         assert_eq!(
             kubeconfig_secret(&c, Some("sre")).expect("sre"),
-            names.user_kubeconfig_secret("sre")
+            "prod-kubeconfig-sre"
         );
         let e = kubeconfig_secret(&c, Some("bob")).expect_err("unknown user");
         assert!(e.to_string().contains("users: admin, sre"), "{e}");

@@ -132,15 +132,16 @@ impl Call<'_> {
         };
         if let kube::Error::Api(status) = &error {
             let names_object = status.details.as_ref().is_some_and(|d| !d.name.is_empty());
-            if status.is_not_found() && (!names_object || self.name.is_none()) {
+            // kube's own `is_not_found` misses the plain-text "404 page not
+            // found" an API server sends for a kind it does not serve.
+            let not_found = status.code == 404 || status.reason == "NotFound";
+            if not_found && (!names_object || self.name.is_none()) {
                 return Error::NoCrds {
                     plural: self.plural,
                     where_: self.cluster,
                 };
             }
-            if status.is_not_found()
-                && let Some(name) = self.name
-            {
+            if not_found && let Some(name) = self.name {
                 return Error::NotFound {
                     kind: self.kind,
                     name: name.to_string(),
@@ -157,7 +158,7 @@ impl Call<'_> {
                     namespace: self.namespace.map(str::to_string),
                 };
             }
-            if status.is_forbidden() {
+            if status.code == 403 || status.reason == "Forbidden" {
                 return Error::Forbidden {
                     verb: self.verb,
                     what,
@@ -208,6 +209,11 @@ mod tests {
         let e = call(Some("a")).error(not_found(""));
         assert_eq!(e.category(), "no-crds");
         assert!(e.to_string().contains("kubectl apply -f crds/"), "{e}");
+        // What kube makes of the API server's plain-text 404.
+        let plain =
+            Status::failure("404 page not found", "Failed to parse error data").with_code(404);
+        let e = call(None).error(kube::Error::Api(plain.boxed()));
+        assert_eq!(e.category(), "no-crds");
     }
 
     #[test]
