@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -24,7 +24,7 @@ use time::OffsetDateTime;
 use crate::names::{Component, Names};
 use crate::render::config_hash;
 use crate::render::control_plane::{self, PodInputs};
-use crate::render::etcd::{self, ClusterState, MemberPod};
+use crate::render::etcd;
 use crate::{Error, addons, certs, secrets, status};
 
 /// Field manager of everything this operator applies.
@@ -107,7 +107,7 @@ fn to_jiff(t: OffsetDateTime) -> Timestamp {
     Timestamp::from_second(t.unix_timestamp()).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-async fn list<K>(api: &Api<K>, cluster: &str) -> Result<Vec<K>, Error>
+pub(crate) async fn list<K>(api: &Api<K>, cluster: &str) -> Result<Vec<K>, Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -115,7 +115,7 @@ where
     Ok(api.list(&params).await.map_err(Error::Kube)?.items)
 }
 
-async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+pub(crate) async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
@@ -198,7 +198,7 @@ fn secret_bytes<'a>(
     out
 }
 
-fn hash_of(secrets: &BTreeMap<String, Secret>, names: &[String], extra: &str) -> String {
+pub(crate) fn hash_of(secrets: &BTreeMap<String, Secret>, names: &[String], extra: &str) -> String {
     let entries = secret_bytes(secrets, names);
     config_hash(
         entries
@@ -208,7 +208,7 @@ fn hash_of(secrets: &BTreeMap<String, Secret>, names: &[String], extra: &str) ->
     )
 }
 
-async fn publish(
+pub(crate) async fn publish(
     ctx: &Context,
     cluster: &Cluster,
     type_: EventType,
@@ -238,7 +238,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let services_api: Api<Service> = Api::namespaced(client.clone(), &ns);
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let deployments_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let spec = &cluster.spec;
     let version = spec.version.clone();
     let etcd_version = spec
@@ -254,7 +253,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .into_iter()
         .map(|s| (s.name_any(), s))
         .collect();
-    let mut etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
+    let etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
         .await?
         .into_iter()
         .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
@@ -287,6 +286,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             addons: None,
             version: &version,
             etcd_version: &etcd_version,
+            etcd: None,
         };
         let status = status::build(&cluster, &names, &observed, Timestamp::now());
         kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
@@ -371,75 +371,10 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .await;
     }
 
-    // etcd: Services and claims always; member Pods at bootstrap (no member
-    // exists yet, so all start together as a new cluster).
-    let members = spec.mode.replicas() as usize;
-    apply(&services_api, &etcd::client_service(&cluster, &names)).await?;
-    for index in 0..members {
-        apply(
-            &services_api,
-            &etcd::member_service(&cluster, &names, index),
-        )
-        .await?;
-        // Claims are created, never updated: their spec is immutable once bound.
-        if let Some(claim) = etcd::member_claim(&cluster, &names, index)
-            && claims_api
-                .get_opt(&names.etcd_member(index))
-                .await
-                .map_err(Error::Kube)?
-                .is_none()
-        {
-            claims_api
-                .create(&PostParams::default(), &claim)
-                .await
-                .map_err(Error::Kube)?;
-        }
-    }
-    let etcd_image = spec
-        .etcd
-        .component
-        .image
-        .clone()
-        .unwrap_or_else(|| format!("{}/etcd:{etcd_version}-0", ctx.config.registry));
-    if etcd_pods.is_empty() {
-        let initial = etcd::initial_cluster(&names, members);
-        for index in 0..members {
-            let suffix = format!("etcd-{index}");
-            let hash = hash_of(
-                &all_secrets,
-                &[
-                    names.cert_secret(&format!("{suffix}-server")),
-                    names.cert_secret(&format!("{suffix}-peer")),
-                ],
-                &etcd_image,
-            );
-            let pod = etcd::member_pod(
-                &cluster,
-                &names,
-                &MemberPod {
-                    index,
-                    initial_cluster: &initial,
-                    state: ClusterState::New,
-                    image: &etcd_image,
-                    config_hash: &hash,
-                },
-            );
-            let created = pods_api
-                .create(&PostParams::default(), &pod)
-                .await
-                .map_err(Error::Kube)?;
-            etcd_pods.push(created);
-        }
-        publish(
-            &ctx,
-            &cluster,
-            EventType::Normal,
-            "EtcdBootstrapped",
-            "CreateEtcd",
-            format!("created {members} etcd members"),
-        )
-        .await;
-    }
+    // etcd: member Pods, claims and Services, and membership changes one at
+    // a time (see the etcd module).
+    let etcd_report = crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets).await?;
+    let etcd_pods = etcd_report.pods.clone();
 
     // The stateless control plane.
     let image = |component: &str, spec: &kube_on_kube_api::cluster::ComponentSpec| {
@@ -561,12 +496,15 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         addons,
         version: &version,
         etcd_version: &etcd_version,
+        etcd: Some(&etcd_report),
     };
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
     kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
     // Requeue soon while converging; certificates are re-checked at least hourly.
-    Ok(Action::requeue(if ready {
+    Ok(Action::requeue(if let Some(soon) = etcd_report.requeue {
+        soon
+    } else if ready {
         Duration::from_secs(3600)
     } else {
         Duration::from_secs(10)

@@ -6,6 +6,7 @@ pub mod addons;
 pub mod certs;
 pub mod controller;
 pub mod error;
+pub mod etcd;
 pub mod etcd_api;
 pub mod membership;
 pub mod names;

@@ -35,6 +35,8 @@ pub struct Observed<'a> {
     pub addons: Option<Result<(), String>>,
     pub version: &'a str,
     pub etcd_version: &'a str,
+    /// What the etcd step found (None while paused: then the Pods tell).
+    pub etcd: Option<&'a crate::etcd::Report>,
 }
 
 fn pod_ready(pod: &Pod) -> bool {
@@ -50,6 +52,18 @@ fn component(desired: i32, ready: i32, version: &str) -> ComponentStatus {
         desired_replicas: desired,
         ready_replicas: ready,
         ready: format!("{ready}/{desired}"),
+    }
+}
+
+fn etcd_component(observed: &Observed<'_>, desired: i32, pods_ready: i32) -> ComponentStatus {
+    match observed.etcd {
+        Some(r) => ComponentStatus {
+            version: r.version.clone(),
+            desired_replicas: r.desired,
+            ready_replicas: r.ready,
+            ready: format!("{}/{}", r.ready, r.desired),
+        },
+        None => component(desired, pods_ready, observed.etcd_version),
     }
 }
 
@@ -76,7 +90,7 @@ pub fn build(
     let generation = cluster.metadata.generation;
     let etcd_ready = observed.etcd_pods.iter().filter(|p| pod_ready(p)).count() as i32;
     let components = ComponentStatuses {
-        etcd: component(desired, etcd_ready, observed.etcd_version),
+        etcd: etcd_component(observed, desired, etcd_ready),
         api_server: deployment(observed.apiserver, desired, observed.version),
         controller_manager: deployment(observed.controller_manager, desired, observed.version),
         scheduler: deployment(observed.scheduler, desired, observed.version),
@@ -106,13 +120,22 @@ pub fn build(
     };
     let ok_of =
         |c: &ComponentStatus| c.ready_replicas >= c.desired_replicas && c.desired_replicas > 0;
-    let etcd_ok = set(
-        ETCD_READY,
-        ok_of(&components.etcd),
-        "MembersReady",
-        "MembersNotReady",
-        format!("{} etcd members ready", components.etcd.ready),
-    );
+    let etcd_ok = match observed.etcd {
+        Some(r) => set(
+            ETCD_READY,
+            r.condition.ready,
+            r.condition.reason,
+            r.condition.reason,
+            r.condition.message.clone(),
+        ),
+        None => set(
+            ETCD_READY,
+            ok_of(&components.etcd),
+            "MembersReady",
+            "MembersNotReady",
+            format!("{} etcd members ready", components.etcd.ready),
+        ),
+    };
     let api_ok = set(
         APISERVER_READY,
         ok_of(&components.api_server),
@@ -220,20 +243,23 @@ pub fn build(
     } else {
         ClusterPhase::Provisioning
     };
-    let members = observed
-        .etcd_pods
-        .iter()
-        .map(|p| {
-            let name = p.metadata.name.clone().unwrap_or_default();
-            EtcdMemberStatus {
-                peer_url: names.etcd_peer_url(&name),
-                name,
-                id: None,
-                healthy: pod_ready(p),
-                learner: false,
-            }
-        })
-        .collect();
+    let members = match observed.etcd {
+        Some(r) => r.members.clone(),
+        None => observed
+            .etcd_pods
+            .iter()
+            .map(|p| {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                EtcdMemberStatus {
+                    peer_url: names.etcd_peer_url(&name),
+                    name,
+                    id: None,
+                    healthy: pod_ready(p),
+                    learner: false,
+                }
+            })
+            .collect(),
+    };
     ClusterStatus {
         observed_generation: generation,
         phase: Some(phase),
@@ -309,6 +335,7 @@ mod tests {
                 addons: Some(Ok(())),
                 version: "1.35.4",
                 etcd_version: "3.6.16",
+                etcd: None,
             },
             Timestamp::UNIX_EPOCH,
         );
@@ -348,6 +375,7 @@ mod tests {
                 addons: None,
                 version: "1.35.4",
                 etcd_version: "3.6.16",
+                etcd: None,
             },
             Timestamp::UNIX_EPOCH,
         );

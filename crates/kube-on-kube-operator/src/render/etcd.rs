@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_on_kube_api::cluster::Cluster;
 
 use super::{component_labels, owner};
+use crate::membership::{ClusterState, Peer, initial_cluster_flag};
 use crate::names::{Component, Names};
 
 /// Label naming the etcd member a Pod or Service belongs to.
@@ -30,20 +31,21 @@ pub const PKI_DIR: &str = "/etc/etcd/pki";
 /// Where the member's data lives.
 pub const DATA_DIR: &str = "/var/lib/etcd";
 
-/// How the member joins: with the others at bootstrap, or into a running
-/// cluster after it was added through the etcd API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClusterState {
-    New,
-    Existing,
-}
+/// Annotation with the etcd version a member's Pod was created to run.
+pub const VERSION_ANNOTATION: &str = "kubeonkube.io/etcd-version";
 
 /// One member's Pod.
 pub struct MemberPod<'a> {
     pub index: usize,
-    /// `name=peerURL` of every member the new member must know about.
-    pub initial_cluster: &'a [(String, String)],
+    /// Every member the new member must know about, as the membership plan
+    /// gives them: all members at bootstrap, the live member list (with the
+    /// new member) when it joins a running cluster.
+    pub initial_cluster: &'a [Peer],
+    /// How the member joins: with the others at bootstrap (`new`), or into a
+    /// running cluster after it was added through the etcd API (`existing`).
     pub state: ClusterState,
+    /// The etcd version `image` runs.
+    pub version: &'a str,
     /// Image to run.
     pub image: &'a str,
     /// Hash of the mounted certificates; a change rolls the Pod.
@@ -62,11 +64,6 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
     let spec = &cluster.spec;
     let peer_url = names.etcd_peer_url(&member);
     let client_url = names.etcd_client_url(&member);
-    let initial: Vec<String> = m
-        .initial_cluster
-        .iter()
-        .map(|(n, u)| format!("{n}={u}"))
-        .collect();
     let mut args: BTreeMap<String, String> = [
         ("name", member.clone()),
         ("data-dir", format!("{DATA_DIR}/data")),
@@ -81,15 +78,8 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
             "listen-metrics-urls",
             format!("http://0.0.0.0:{METRICS_PORT}"),
         ),
-        ("initial-cluster", initial.join(",")),
-        (
-            "initial-cluster-state",
-            match m.state {
-                ClusterState::New => "new",
-                ClusterState::Existing => "existing",
-            }
-            .into(),
-        ),
+        ("initial-cluster", initial_cluster_flag(m.initial_cluster)),
+        ("initial-cluster-state", m.state.as_str().into()),
         (
             "initial-cluster-token",
             format!("{}-{}", names.namespace, names.cluster),
@@ -212,6 +202,7 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
         super::CONFIG_HASH_ANNOTATION.to_string(),
         m.config_hash.to_string(),
     );
+    annotations.insert(VERSION_ANNOTATION.to_string(), m.version.to_string());
     Pod {
         metadata: ObjectMeta {
             name: Some(member.clone()),
@@ -363,17 +354,6 @@ pub fn member_claim(
     })
 }
 
-/// `name=peerURL` of the first `count` members, for bootstrap.
-pub fn initial_cluster(names: &Names, count: usize) -> Vec<(String, String)> {
-    (0..count)
-        .map(|i| {
-            let member = names.etcd_member(i);
-            let url = names.etcd_peer_url(&member);
-            (member, url)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,7 +372,15 @@ mod tests {
     fn member_pod_uses_its_service_name_as_identity() {
         let c = cluster();
         let n = Names::new(&c, "cluster.local");
-        let initial = initial_cluster(&n, 3);
+        let initial: Vec<Peer> = (0..3)
+            .map(|i| {
+                let name = n.etcd_member(i);
+                Peer {
+                    peer_url: n.etcd_peer_url(&name),
+                    name,
+                }
+            })
+            .collect();
         let pod = member_pod(
             &c,
             &n,
@@ -400,9 +388,14 @@ mod tests {
                 index: 1,
                 initial_cluster: &initial,
                 state: ClusterState::New,
+                version: "3.6.16",
                 image: "registry.k8s.io/etcd:3.6.16-0",
                 config_hash: "abc",
             },
+        );
+        assert_eq!(
+            pod.metadata.annotations.as_ref().expect("annotations")[VERSION_ANNOTATION],
+            "3.6.16"
         );
         let spec = pod.spec.expect("spec");
         let args = spec.containers[0].args.clone().expect("args");
@@ -447,5 +440,52 @@ mod tests {
                 .contains_key(MEMBER_LABEL)
         );
         assert!(member_claim(&c, &n, 0).is_some());
+    }
+}
+
+#[cfg(test)]
+mod joining {
+    use super::*;
+
+    #[test]
+    fn a_member_joining_a_running_cluster_gets_the_live_list_and_existing() {
+        let c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        let n = Names::new(&c, "cluster.local");
+        // The live list: member 0 and the learner just added for slot 2.
+        let live = [
+            Peer {
+                name: n.etcd_member(0),
+                peer_url: n.etcd_peer_url(&n.etcd_member(0)),
+            },
+            Peer {
+                name: n.etcd_member(2),
+                peer_url: n.etcd_peer_url(&n.etcd_member(2)),
+            },
+        ];
+        let pod = member_pod(
+            &c,
+            &n,
+            &MemberPod {
+                index: 2,
+                initial_cluster: &live,
+                state: ClusterState::Existing,
+                version: "3.6.16",
+                image: "registry.k8s.io/etcd:3.6.16-0",
+                config_hash: "abc",
+            },
+        );
+        let args = pod.spec.expect("spec").containers[0]
+            .args
+            .clone()
+            .expect("args");
+        assert!(args.contains(&"--initial-cluster-state=existing".to_string()));
+        let flag = format!("--initial-cluster={}", initial_cluster_flag(&live));
+        assert!(args.contains(&flag), "{args:?}");
+        assert!(
+            !args.iter().any(|a| a.contains("prod-east-etcd-1=")),
+            "{args:?}"
+        );
     }
 }

@@ -1,0 +1,884 @@
+//! The etcd step of the Cluster reconcile: observe etcd's member list (over
+//! mutual TLS with the operator's etcd client certificate, through each
+//! member's Service name), the member Pods and claims; ask the membership
+//! planner for the one next change; record it in the Cluster's status before
+//! carrying it out; and report members, health and the running version.
+//!
+//! The operator reaches members by their Service DNS names, so it must run in
+//! the meta-cluster (as it does in production). Where it cannot reach them
+//! (run from outside, or with simulated Pods) it still bootstraps the
+//! members and reports their Pods, but makes no membership change.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::EtcdMemberStatus;
+use serde_json::json;
+
+use crate::Error;
+use crate::controller::{Config, Context, apply, hash_of, list, publish};
+use crate::etcd_api::{EtcdClient, EtcdError, Member, Status};
+use crate::membership::{self, ClaimState, ClusterState, Observed, PodState, Slot, Step};
+use crate::names::Names;
+use crate::render::CONFIG_HASH_ANNOTATION;
+use crate::render::etcd::{self as render, MemberPod};
+
+/// Field manager of the recorded change (`status.etcdChange`), apart from the
+/// one of the rest of the status, so each write leaves the other's fields be.
+pub const RECORD_MANAGER: &str = "kube-on-kube-operator-etcd";
+
+/// How long one request to one member may take.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A member Pod that has restarted this often and has not been ready for
+/// [`FAILED_AFTER`] is judged failed, and its member replaced.
+pub const FAILED_RESTARTS: i32 = 5;
+pub const FAILED_AFTER: Duration = Duration::from_secs(300);
+
+/// Slots looked at: the most members any mode asks for.
+pub const MAX_MEMBERS: usize = 3;
+
+/// The etcd version a Cluster asks for.
+pub fn desired_version(cluster: &Cluster, config: &Config) -> String {
+    cluster
+        .spec
+        .etcd
+        .component
+        .version
+        .clone()
+        .unwrap_or_else(|| config.etcd_version.clone())
+}
+
+/// The image of the etcd members.
+pub fn desired_image(cluster: &Cluster, config: &Config) -> String {
+    cluster
+        .spec
+        .etcd
+        .component
+        .image
+        .clone()
+        .unwrap_or_else(|| {
+            format!(
+                "{}/etcd:{}-0",
+                config.registry,
+                desired_version(cluster, config)
+            )
+        })
+}
+
+/// What the etcd step saw and did, for the status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Members as etcd lists them (or, when etcd cannot be reached, as their
+    /// Pods show them).
+    pub members: Vec<EtcdMemberStatus>,
+    pub desired: i32,
+    /// Members serving: healthy voters (or ready Pods when unreachable).
+    pub ready: i32,
+    /// The version every serving member runs; `None` while versions differ.
+    pub version: Option<String>,
+    /// EtcdReady.
+    pub condition: Health,
+    /// True when every wanted member is a healthy voter at the desired
+    /// version and template and no change is under way: see [`settled`].
+    pub settled: bool,
+    /// The member Pods after this step.
+    pub pods: Vec<Pod>,
+    /// When to look again, sooner than usual while a change is under way.
+    pub requeue: Option<Duration>,
+}
+
+/// The EtcdReady condition's status, reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Whether etcd is fully rolled to the desired version and template, every
+/// wanted member is a healthy voter and no membership change is under way.
+/// The control-plane upgrade waits for this before rolling kube-apiserver.
+pub fn settled(report: &Report) -> bool {
+    report.settled
+}
+
+/// The planner's view of a member Pod.
+pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
+    let Some(pod) = pod else {
+        return PodState::Absent;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodState::Terminating;
+    }
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    ) {
+        return PodState::Failed;
+    }
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    if ready.is_some_and(|c| c.status == "True") {
+        return PodState::Ready;
+    }
+    let restarts: i32 = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|c| c.iter().map(|c| c.restart_count).sum())
+        .unwrap_or(0);
+    let since = ready
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let long =
+        since.is_some_and(|t| now.as_second() - t.as_second() >= FAILED_AFTER.as_secs() as i64);
+    if restarts >= FAILED_RESTARTS && long {
+        PodState::Failed
+    } else {
+        PodState::NotReady
+    }
+}
+
+/// The planner's view of a member's data. Without claims the data lives in
+/// the Pod (emptyDir, or a node directory the next Pod may not land on): it
+/// is there exactly while the Pod is.
+pub fn claim_state(
+    uses_claims: bool,
+    claim: Option<&PersistentVolumeClaim>,
+    pod: PodState,
+) -> ClaimState {
+    if !uses_claims {
+        return if pod == PodState::Absent {
+            ClaimState::Absent
+        } else {
+            ClaimState::Present
+        };
+    }
+    match claim {
+        None => ClaimState::Absent,
+        Some(c) if c.metadata.deletion_timestamp.is_some() => ClaimState::Terminating,
+        Some(_) => ClaimState::Present,
+    }
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The slot index of a member Pod or claim by its name.
+fn index_of(names: &Names, name: &str) -> Option<usize> {
+    (0..MAX_MEMBERS).find(|&i| names.etcd_member(i) == name)
+}
+
+/// Everything observed about one member slot.
+#[derive(Debug, Clone, Default)]
+pub struct SlotView<'a> {
+    pub pod: Option<&'a Pod>,
+    pub claim: Option<&'a PersistentVolumeClaim>,
+    /// The config hash a Pod of this slot must carry now.
+    pub hash: String,
+}
+
+/// The planner's slots from what was observed.
+pub fn slots(
+    names: &Names,
+    views: &[SlotView<'_>],
+    uses_claims: bool,
+    now: Timestamp,
+) -> Vec<Slot> {
+    views
+        .iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let pod = pod_state(v.pod, now);
+            let outdated = v
+                .pod
+                .is_some_and(|p| annotation(p, CONFIG_HASH_ANNOTATION) != Some(v.hash.as_str()));
+            Slot::new(names, index, pod, claim_state(uses_claims, v.claim, pod)).outdated(outdated)
+        })
+        .collect()
+}
+
+/// A member's health as its own endpoint reports it.
+fn healthy(status: Option<&Status>) -> bool {
+    status.is_some_and(|s| s.leader != 0 && s.errors.is_empty())
+}
+
+/// Member statuses from the live list and each member's own answer.
+pub fn member_statuses(
+    slots: &[Slot],
+    live: &[Member],
+    answers: &BTreeMap<u64, Status>,
+) -> Vec<EtcdMemberStatus> {
+    let mut out: Vec<EtcdMemberStatus> = live
+        .iter()
+        .map(|m| {
+            let slot = slots.iter().find(|s| m.peer_urls.contains(&s.peer_url));
+            EtcdMemberStatus {
+                name: if m.name.is_empty() {
+                    slot.map(|s| s.name.clone()).unwrap_or_default()
+                } else {
+                    m.name.clone()
+                },
+                id: Some(format!("{:x}", m.id)),
+                peer_url: m.peer_urls.first().cloned().unwrap_or_default(),
+                healthy: healthy(answers.get(&m.id)),
+                learner: m.is_learner,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The one version every healthy member reports, if they agree.
+pub fn running_version(answers: &BTreeMap<u64, Status>) -> Option<String> {
+    let mut versions = answers
+        .values()
+        .filter(|s| healthy(Some(s)))
+        .map(|s| s.version.as_str());
+    let first = versions.next()?;
+    versions.all(|v| v == first).then(|| first.to_string())
+}
+
+/// EtcdReady and whether etcd is settled, from the plan and the members.
+pub fn health(
+    desired: usize,
+    step: &Step,
+    statuses: &[EtcdMemberStatus],
+    version: Option<&str>,
+    desired_version: &str,
+) -> (Health, bool) {
+    let voters = statuses.iter().filter(|m| !m.learner).count();
+    let serving = statuses.iter().filter(|m| !m.learner && m.healthy).count();
+    let all_serving = serving == voters && voters == desired && statuses.len() == desired;
+    let settled = *step == Step::Done && all_serving && version == Some(desired_version);
+    let summary = format!("{serving} of {desired} etcd members healthy");
+    let (ready, reason, message) = match step {
+        Step::Done if all_serving => match version {
+            Some(v) if v == desired_version => {
+                (true, "MembersHealthy", format!("{summary}, version {v}"))
+            }
+            Some(v) => (
+                true,
+                "MembersHealthy",
+                format!("{summary}, version {v} (want {desired_version})"),
+            ),
+            None => (
+                true,
+                "MembersHealthy",
+                format!("{summary}, versions differ"),
+            ),
+        },
+        Step::Done => (false, "MembersNotReady", summary),
+        Step::Bootstrap { .. } => (
+            false,
+            "Bootstrapping",
+            format!("creating {desired} etcd members"),
+        ),
+        Step::RollMember { .. } => (
+            serving > desired / 2 && serving > 0,
+            "Upgrading",
+            format!("{summary}; restarting members one at a time onto version {desired_version}"),
+        ),
+        Step::Wait { reason } => (
+            serving > desired / 2 && serving > 0 && serving == voters,
+            "Waiting",
+            format!("{summary}; {reason}"),
+        ),
+        change => (
+            serving > desired / 2 && serving > 0,
+            "MembershipChanging",
+            format!("{summary}; membership change under way: {}", change.kind()),
+        ),
+    };
+    (
+        Health {
+            ready,
+            reason,
+            message,
+        },
+        settled,
+    )
+}
+
+/// Health from the Pods alone, when no member answers the operator.
+pub fn health_from_pods(desired: usize, step: &Step, slots: &[Slot]) -> (Health, bool, i32) {
+    let wanted = &slots[..desired.min(slots.len())];
+    let ready = wanted.iter().filter(|s| s.pod == PodState::Ready).count();
+    let surplus = slots[desired.min(slots.len())..]
+        .iter()
+        .any(|s| s.pod != PodState::Absent);
+    let all = ready == desired && !surplus;
+    let settled = all && wanted.iter().all(|s| !s.outdated);
+    let health = if all {
+        Health {
+            ready: true,
+            reason: "PodsReady",
+            message: format!(
+                "{ready} of {desired} etcd member Pods ready; the member list is not reachable from the operator"
+            ),
+        }
+    } else {
+        let why = match step {
+            Step::Wait { reason } => reason.clone(),
+            other => other.kind().to_string(),
+        };
+        Health {
+            ready: false,
+            reason: "Unreachable",
+            message: format!(
+                "{ready} of {desired} etcd member Pods ready; no member answers ({why})"
+            ),
+        }
+    };
+    (health, settled, ready as i32)
+}
+
+/// Member statuses from the Pods alone.
+fn statuses_from_pods(names: &Names, slots: &[Slot]) -> Vec<EtcdMemberStatus> {
+    slots
+        .iter()
+        .filter(|s| s.pod != PodState::Absent)
+        .map(|s| EtcdMemberStatus {
+            name: s.name.clone(),
+            id: None,
+            peer_url: names.etcd_peer_url(&s.name),
+            healthy: s.pod == PodState::Ready,
+            learner: false,
+        })
+        .collect()
+}
+
+/// What carrying out a step came to.
+enum Outcome {
+    /// Done; look again soon.
+    Acted,
+    /// etcd asked to try later (or refused for a reason worth reporting).
+    Deferred(String),
+}
+
+/// The etcd step of the reconcile. Not called while the Cluster is paused.
+pub async fn reconcile(
+    ctx: &Context,
+    cluster: &Cluster,
+    names: &Names,
+    secrets: &BTreeMap<String, Secret>,
+) -> Result<Report, Error> {
+    let client = &ctx.client;
+    let ns = &names.namespace;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let services_api: Api<Service> = Api::namespaced(client.clone(), ns);
+    let desired = cluster.spec.mode.replicas() as usize;
+    let uses_claims = cluster.spec.etcd.storage.claim_template.is_some();
+    let version = desired_version(cluster, &ctx.config);
+    let image = desired_image(cluster, &ctx.config);
+    let now = Timestamp::now();
+
+    // Fetch.
+    let pods = member_pods(&pods_api, names).await?;
+    let claims: Vec<PersistentVolumeClaim> = if uses_claims {
+        list(&claims_api, &names.cluster).await?
+    } else {
+        Vec::new()
+    };
+    let views: Vec<SlotView<'_>> = (0..MAX_MEMBERS)
+        .map(|i| SlotView {
+            pod: pods
+                .iter()
+                .find(|p| index_of(names, &p.name_any()) == Some(i)),
+            claim: claims
+                .iter()
+                .find(|c| index_of(names, &c.name_any()) == Some(i)),
+            hash: member_hash(names, secrets, i, &image),
+        })
+        .collect();
+    let slots = slots(names, &views, uses_claims, now);
+
+    // Services first: a member's name must resolve before it starts. Kept
+    // for every slot that is wanted or still holds something.
+    apply(&services_api, &render::client_service(cluster, names)).await?;
+    for (index, slot) in slots.iter().enumerate() {
+        if index < desired || slot.pod != PodState::Absent || slot.claim != ClaimState::Absent {
+            apply(
+                &services_api,
+                &render::member_service(cluster, names, index),
+            )
+            .await?;
+        }
+    }
+
+    let etcd = match client_for(names, secrets, &slots) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::debug!(error = %e, "no etcd client");
+            None
+        }
+    };
+    // Nothing exists yet: no member can answer, so do not wait for one.
+    let nothing = slots.iter().all(|s| s.pod == PodState::Absent);
+    let live = match (&etcd, nothing) {
+        (Some(etcd), false) => match etcd.member_list().await {
+            Ok(list) => Some(list),
+            Err(e) => {
+                tracing::debug!(error = %e, "etcd member list");
+                None
+            }
+        },
+        _ => None,
+    };
+    let recorded = recorded_step(client, names).await?;
+    let step = membership::plan(&Observed {
+        desired,
+        slots: &slots,
+        live: live.as_deref(),
+        recorded: recorded.as_ref(),
+        data_outlives_pod: uses_claims,
+    });
+    tracing::debug!(step = ?step, "etcd plan");
+
+    // Record, then act.
+    let mut deferred = None;
+    let mut acted = false;
+    match &step {
+        Step::Done => {
+            if recorded.is_some() {
+                record(client, names, None).await?;
+            }
+        }
+        Step::Wait { .. } => {}
+        change => {
+            if recorded.as_ref() != Some(change) {
+                record(client, names, Some(change)).await?;
+            }
+            let act = Act {
+                ctx,
+                cluster,
+                names,
+                pods: &pods_api,
+                claims: &claims_api,
+                slots: &slots,
+                etcd: etcd.as_ref(),
+                image: &image,
+                version: &version,
+                secrets,
+                desired,
+            };
+            match act.step(change).await? {
+                Outcome::Acted => acted = true,
+                Outcome::Deferred(why) => deferred = Some(why),
+            }
+        }
+    }
+
+    // Report.
+    let pods = if acted {
+        member_pods(&pods_api, names).await?
+    } else {
+        pods
+    };
+    let shown_step = match &deferred {
+        Some(why) => Step::Wait {
+            reason: why.clone(),
+        },
+        None => step.clone(),
+    };
+    let previous_version = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.components.as_ref())
+        .and_then(|c| c.etcd.version.clone());
+    let report = match (&etcd, &live) {
+        (Some(etcd), Some(live)) => {
+            let answers = member_answers(etcd, names, live, &slots).await;
+            let members = member_statuses(&slots, live, &answers);
+            let running = running_version(&answers);
+            let (condition, settled) =
+                health(desired, &shown_step, &members, running.as_deref(), &version);
+            let ready = members.iter().filter(|m| m.healthy && !m.learner).count() as i32;
+            Report {
+                members,
+                desired: desired as i32,
+                ready,
+                version: running,
+                condition,
+                settled: settled && slots[..desired].iter().all(|s| !s.outdated),
+                pods,
+                requeue: None,
+            }
+        }
+        _ => {
+            let (condition, settled, ready) = health_from_pods(desired, &shown_step, &slots);
+            let running = pods
+                .iter()
+                .filter_map(|p| annotation(p, render::VERSION_ANNOTATION))
+                .collect::<std::collections::BTreeSet<_>>();
+            let running = (running.len() == 1)
+                .then(|| running.into_iter().next().map(str::to_string))
+                .flatten();
+            Report {
+                members: statuses_from_pods(names, &slots),
+                desired: desired as i32,
+                ready,
+                version: running,
+                condition,
+                settled,
+                pods,
+                requeue: None,
+            }
+        }
+    };
+    if let (Some(before), Some(now)) = (&previous_version, &report.version)
+        && before != now
+        && report.settled
+    {
+        publish(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "EtcdUpgraded",
+            "UpgradeEtcd",
+            format!("every etcd member runs {now} (was {before})"),
+        )
+        .await;
+    }
+    let requeue =
+        if acted || deferred.is_some() || matches!(step, Step::Wait { .. }) && live.is_some() {
+            Some(Duration::from_secs(2))
+        } else if !report.settled {
+            Some(Duration::from_secs(5))
+        } else {
+            None
+        };
+    Ok(Report { requeue, ..report })
+}
+
+async fn member_pods(api: &Api<Pod>, names: &Names) -> Result<Vec<Pod>, Error> {
+    Ok(list(api, &names.cluster)
+        .await?
+        .into_iter()
+        .filter(|p| p.labels().contains_key(render::MEMBER_LABEL))
+        .collect())
+}
+
+/// The config hash of member `index`'s Pod: its certificates and the image.
+pub fn member_hash(
+    names: &Names,
+    secrets: &BTreeMap<String, Secret>,
+    index: usize,
+    image: &str,
+) -> String {
+    let suffix = format!("etcd-{index}");
+    hash_of(
+        secrets,
+        &[
+            names.cert_secret(&format!("{suffix}-server")),
+            names.cert_secret(&format!("{suffix}-peer")),
+        ],
+        image,
+    )
+}
+
+/// A client over every member's client URL, those with a ready Pod first so
+/// a member that is down costs nothing while another answers.
+fn client_for(
+    names: &Names,
+    secrets: &BTreeMap<String, Secret>,
+    slots: &[Slot],
+) -> Result<EtcdClient, EtcdError> {
+    let secret = secrets
+        .get(&names.cert_secret("operator-etcd-client"))
+        .ok_or_else(|| EtcdError::Tls {
+            message: "the operator's etcd client Secret does not exist yet".into(),
+        })?;
+    let mut order: Vec<usize> = (0..slots.len()).collect();
+    order.sort_by_key(|&i| match slots[i].pod {
+        PodState::Ready => 0,
+        PodState::NotReady => 1,
+        PodState::Absent => 3,
+        _ => 2,
+    });
+    let endpoints = order
+        .into_iter()
+        .filter(|&i| slots[i].pod != PodState::Absent)
+        .map(|i| names.etcd_client_url(&slots[i].name))
+        .collect();
+    EtcdClient::from_secret(endpoints, secret, REQUEST_TIMEOUT)
+}
+
+/// Each member's own status, asked of the members whose Pods exist, at once.
+async fn member_answers(
+    etcd: &EtcdClient,
+    names: &Names,
+    live: &[Member],
+    slots: &[Slot],
+) -> BTreeMap<u64, Status> {
+    let asks = live.iter().filter_map(|m| {
+        let slot = slots.iter().find(|s| m.peer_urls.contains(&s.peer_url))?;
+        if slot.pod == PodState::Absent {
+            return None;
+        }
+        let url = m
+            .client_urls
+            .first()
+            .cloned()
+            .unwrap_or_else(|| names.etcd_client_url(&slot.name));
+        Some(async move { (m.id, etcd.status(&url).await) })
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .filter_map(|(id, answer)| answer.ok().map(|s| (id, s)))
+        .collect()
+}
+
+/// The change recorded in the Cluster's status, read fresh: the Cluster the
+/// reconcile was handed may predate the last record.
+async fn recorded_step(client: &Client, names: &Names) -> Result<Option<Step>, Error> {
+    let api: Api<Cluster> = Api::namespaced(client.clone(), &names.namespace);
+    let cluster = api.get_status(&names.cluster).await.map_err(Error::Kube)?;
+    let raw = cluster.status.and_then(|s| s.etcd_change);
+    Ok(raw.and_then(|v| match serde_json::from_value(v) {
+        Ok(step) => Some(step),
+        Err(e) => {
+            // Not ours to interpret; planning from the world alone is safe.
+            tracing::warn!(error = %e, "ignoring an unreadable recorded etcd change");
+            None
+        }
+    }))
+}
+
+/// Record `step` (or clear the record) in `status.etcdChange`.
+async fn record(client: &Client, names: &Names, step: Option<&Step>) -> Result<(), Error> {
+    let api: Api<Cluster> = Api::namespaced(client.clone(), &names.namespace);
+    let status = match step {
+        Some(step) => json!({ "etcdChange": step }),
+        None => json!({}),
+    };
+    kok_common::apply::apply_status(&api, RECORD_MANAGER, &names.cluster, &status).await?;
+    Ok(())
+}
+
+/// Carrying out one step.
+struct Act<'a> {
+    ctx: &'a Context,
+    cluster: &'a Cluster,
+    names: &'a Names,
+    pods: &'a Api<Pod>,
+    claims: &'a Api<PersistentVolumeClaim>,
+    slots: &'a [Slot],
+    etcd: Option<&'a EtcdClient>,
+    image: &'a str,
+    version: &'a str,
+    secrets: &'a BTreeMap<String, Secret>,
+    desired: usize,
+}
+
+impl Act<'_> {
+    async fn step(&self, step: &Step) -> Result<Outcome, Error> {
+        let name = |i: usize| self.names.etcd_member(i);
+        match step {
+            Step::Bootstrap { initial_cluster } => {
+                let mut created = Vec::new();
+                for peer in initial_cluster {
+                    let Some(index) = index_of(self.names, &peer.name) else {
+                        continue;
+                    };
+                    if self.slots[index].pod == PodState::Absent {
+                        self.start(index, initial_cluster, ClusterState::New)
+                            .await?;
+                        created.push(peer.name.clone());
+                    }
+                }
+                if !created.is_empty() {
+                    self.event(
+                        "EtcdBootstrapped",
+                        "CreateEtcd",
+                        format!("started {} as a new etcd cluster", created.join(", ")),
+                    )
+                    .await;
+                }
+            }
+            Step::StartMember {
+                index,
+                initial_cluster,
+                state,
+            } => {
+                self.start(*index, initial_cluster, *state).await?;
+            }
+            Step::AddLearner { index } => {
+                let peer = self.slots[*index].peer_url.clone();
+                match async { self.client()?.add_learner(&[peer]).await }.await {
+                    Ok((member, _)) => {
+                        self.event(
+                            "MemberAdded",
+                            "AddMember",
+                            format!("added {} as a learner (id {:x})", name(*index), member.id),
+                        )
+                        .await;
+                    }
+                    Err(e) => return Ok(self.refused("add", e).await),
+                }
+            }
+            Step::Promote { id, index } => {
+                match async { self.client()?.promote_member(*id).await }.await {
+                    Ok(_) => {
+                        self.event(
+                            "MemberPromoted",
+                            "PromoteMember",
+                            format!("promoted {} (id {id:x}) to a voting member", name(*index)),
+                        )
+                        .await;
+                    }
+                    Err(e) if e.is_learner_not_ready() => {
+                        return Ok(Outcome::Deferred(format!(
+                            "learner {} is catching up with the leader",
+                            name(*index)
+                        )));
+                    }
+                    Err(e) => return Ok(self.refused("promote", e).await),
+                }
+            }
+            Step::RemoveMember { id, index } => {
+                match async { self.client()?.remove_member(*id).await }.await {
+                    Ok(_) => {
+                        let (reason, note) = match index {
+                            Some(i) if *i < self.desired => (
+                                "MemberReplaced",
+                                format!(
+                                    "removed {} (id {id:x}) to replace it with a fresh member on empty data",
+                                    name(*i)
+                                ),
+                            ),
+                            Some(i) => {
+                                ("MemberRemoved", format!("removed {} (id {id:x})", name(*i)))
+                            }
+                            None => (
+                                "MemberRemoved",
+                                format!("removed member {id:x}, which belongs to no member slot"),
+                            ),
+                        };
+                        self.event(reason, "RemoveMember", note).await;
+                    }
+                    Err(e) => return Ok(self.refused("remove", e).await),
+                }
+            }
+            Step::DeletePod { index } => self.delete_pod(*index).await?,
+            Step::RollMember { index } => {
+                self.delete_pod(*index).await?;
+                self.event(
+                    "MemberRestarting",
+                    "RollMember",
+                    format!(
+                        "restarting {} on its data with etcd {} and the current certificates",
+                        name(*index),
+                        self.version
+                    ),
+                )
+                .await;
+            }
+            Step::DeleteClaim { index } => {
+                if self.cluster.spec.etcd.storage.claim_template.is_some() {
+                    match self
+                        .claims
+                        .delete(&name(*index), &DeleteParams::default())
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(Error::Kube(e)),
+                    }
+                }
+            }
+            Step::Wait { .. } | Step::Done => {}
+        }
+        Ok(Outcome::Acted)
+    }
+
+    /// The client; the planner only asks for etcd calls when it has a
+    /// member list, which only comes from a client.
+    fn client(&self) -> Result<&EtcdClient, EtcdError> {
+        self.etcd.ok_or(EtcdError::NoEndpoints)
+    }
+
+    async fn refused(&self, what: &str, e: EtcdError) -> Outcome {
+        if !e.is_transient() {
+            self.ctx_event(EventType::Warning, "EtcdChangeRefused", what, e.to_string())
+                .await;
+        }
+        Outcome::Deferred(format!("etcd did not {what} yet: {e}"))
+    }
+
+    async fn start(
+        &self,
+        index: usize,
+        initial_cluster: &[membership::Peer],
+        state: ClusterState,
+    ) -> Result<(), Error> {
+        if let Some(claim) = render::member_claim(self.cluster, self.names, index)
+            && self.slots[index].claim == ClaimState::Absent
+        {
+            match self.claims.create(&PostParams::default(), &claim).await {
+                Ok(_) => {}
+                // Made by an earlier attempt of this very step.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(Error::Kube(e)),
+            }
+        }
+        let hash = member_hash(self.names, self.secrets, index, self.image);
+        let pod = render::member_pod(
+            self.cluster,
+            self.names,
+            &MemberPod {
+                index,
+                initial_cluster,
+                state,
+                version: self.version,
+                image: self.image,
+                config_hash: &hash,
+            },
+        );
+        match self.pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(Error::Kube(e)),
+        }
+    }
+
+    async fn delete_pod(&self, index: usize) -> Result<(), Error> {
+        match self
+            .pods
+            .delete(&self.names.etcd_member(index), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(Error::Kube(e)),
+        }
+    }
+
+    async fn event(&self, reason: &str, action: &str, note: String) {
+        self.ctx_event(EventType::Normal, reason, action, note)
+            .await;
+    }
+
+    async fn ctx_event(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        publish(self.ctx, self.cluster, type_, reason, action, note).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,309 @@
+//! The pure parts of the etcd step: how Pods, claims and members' answers
+//! are read, and what EtcdReady and `settled` say.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::*;
+
+fn names() -> Names {
+    Names {
+        cluster: "c".into(),
+        namespace: "ns".into(),
+        meta_domain: "cluster.local".into(),
+    }
+}
+
+fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(second).unwrap()
+}
+
+fn pod(name: &str, ready: bool, restarts: i32, since: i64) -> Pod {
+    let mut p = Pod::default();
+    p.metadata.name = Some(name.into());
+    p.metadata.creation_timestamp = Some(Time(at(0)));
+    p.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            last_transition_time: Some(Time(at(since))),
+            ..Default::default()
+        }]),
+        container_statuses: Some(vec![ContainerStatus {
+            name: "etcd".into(),
+            restart_count: restarts,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    p
+}
+
+#[test]
+fn pods_are_read_as_the_planner_needs() {
+    let now = at(10_000);
+    assert_eq!(pod_state(None, now), PodState::Absent);
+    assert_eq!(pod_state(Some(&pod("a", true, 0, 0)), now), PodState::Ready);
+    // A killed process the Pod runs again: not ready for a moment only.
+    assert_eq!(
+        pod_state(Some(&pod("a", false, 1, 9_990)), now),
+        PodState::NotReady
+    );
+    // Crash-looping but only recently: still given time.
+    assert_eq!(
+        pod_state(Some(&pod("a", false, 9, 9_990)), now),
+        PodState::NotReady
+    );
+    // Crash-looping for longer than FAILED_AFTER: replaced.
+    let long_ago = 10_000 - FAILED_AFTER.as_secs() as i64 - 1;
+    assert_eq!(
+        pod_state(Some(&pod("a", false, FAILED_RESTARTS, long_ago)), now),
+        PodState::Failed
+    );
+    // Not ready for long without restarting (waiting for peers): not failed.
+    assert_eq!(
+        pod_state(Some(&pod("a", false, 0, long_ago)), now),
+        PodState::NotReady
+    );
+    let mut going = pod("a", true, 0, 0);
+    going.metadata.deletion_timestamp = Some(Time(at(1)));
+    assert_eq!(pod_state(Some(&going), now), PodState::Terminating);
+    let mut dead = pod("a", false, 0, 0);
+    dead.status.as_mut().unwrap().phase = Some("Failed".into());
+    assert_eq!(pod_state(Some(&dead), now), PodState::Failed);
+}
+
+#[test]
+fn data_without_claims_lives_as_long_as_the_pod() {
+    use ClaimState::*;
+    assert_eq!(claim_state(false, None, PodState::Ready), Present);
+    assert_eq!(claim_state(false, None, PodState::Terminating), Present);
+    assert_eq!(claim_state(false, None, PodState::Absent), Absent);
+    let mut claim = PersistentVolumeClaim::default();
+    assert_eq!(claim_state(true, None, PodState::Ready), Absent);
+    assert_eq!(claim_state(true, Some(&claim), PodState::Absent), Present);
+    claim.metadata.deletion_timestamp = Some(Time(at(1)));
+    assert_eq!(
+        claim_state(true, Some(&claim), PodState::Ready),
+        Terminating
+    );
+}
+
+#[test]
+fn a_pod_with_another_hash_is_outdated() {
+    let n = names();
+    let mut current = pod("c-etcd-0", true, 0, 0);
+    current.metadata.annotations =
+        Some([(CONFIG_HASH_ANNOTATION.to_string(), "new".to_string())].into());
+    let mut old = pod("c-etcd-1", true, 0, 0);
+    old.metadata.annotations =
+        Some([(CONFIG_HASH_ANNOTATION.to_string(), "old".to_string())].into());
+    let views = [
+        SlotView {
+            pod: Some(&current),
+            claim: None,
+            hash: "new".into(),
+        },
+        SlotView {
+            pod: Some(&old),
+            claim: None,
+            hash: "new".into(),
+        },
+        SlotView {
+            pod: None,
+            claim: None,
+            hash: "new".into(),
+        },
+    ];
+    let s = slots(&n, &views, false, at(10));
+    assert_eq!(
+        s.iter().map(|s| s.outdated).collect::<Vec<_>>(),
+        [false, true, false]
+    );
+    assert_eq!(s[1].name, "c-etcd-1");
+    assert_eq!(s[2].claim, ClaimState::Absent);
+    assert_eq!(s[2].pod, PodState::Absent);
+}
+
+fn member(index: usize, id: u64, learner: bool, started: bool) -> Member {
+    let n = names();
+    let name = n.etcd_member(index);
+    Member {
+        id,
+        name: if started { name.clone() } else { String::new() },
+        peer_urls: vec![n.etcd_peer_url(&name)],
+        client_urls: vec![n.etcd_client_url(&name)],
+        is_learner: learner,
+    }
+}
+
+fn answer(id: u64, version: &str) -> Status {
+    Status {
+        member_id: id,
+        leader: 1,
+        version: version.into(),
+        is_learner: false,
+        raft_index: 10,
+        raft_applied_index: 10,
+        errors: vec![],
+    }
+}
+
+fn three_slots() -> Vec<Slot> {
+    (0..3)
+        .map(|i| Slot::new(&names(), i, PodState::Ready, ClaimState::Present))
+        .collect()
+}
+
+#[test]
+fn member_statuses_name_every_member_and_its_health() {
+    let live = [
+        member(0, 0xa, false, true),
+        member(1, 0xb, false, true),
+        member(2, 0xc, true, false),
+    ];
+    let answers: BTreeMap<u64, Status> = [(0xa, answer(0xa, "3.6.16"))].into_iter().collect();
+    let s = member_statuses(&three_slots(), &live, &answers);
+    assert_eq!(s.len(), 3);
+    assert_eq!(s[0].name, "c-etcd-0");
+    assert_eq!(s[0].id.as_deref(), Some("a"));
+    assert!(s[0].healthy && !s[0].learner);
+    assert!(!s[1].healthy, "no answer is not healthy");
+    // A learner that has not started yet is named after its slot.
+    assert_eq!(s[2].name, "c-etcd-2");
+    assert!(s[2].learner);
+    assert_eq!(s[2].peer_url, "https://c-etcd-2.ns.svc.cluster.local:2380");
+}
+
+#[test]
+fn the_running_version_is_the_one_every_healthy_member_reports() {
+    let mut answers: BTreeMap<u64, Status> = [(1, answer(1, "3.6.15")), (2, answer(2, "3.6.15"))]
+        .into_iter()
+        .collect();
+    assert_eq!(running_version(&answers).as_deref(), Some("3.6.15"));
+    answers.insert(3, answer(3, "3.6.16"));
+    assert_eq!(running_version(&answers), None);
+    // A member without a leader does not count.
+    answers.get_mut(&3).unwrap().leader = 0;
+    assert_eq!(running_version(&answers).as_deref(), Some("3.6.15"));
+    assert_eq!(running_version(&BTreeMap::new()), None);
+}
+
+fn statuses(healthy: &[bool], learner_at: Option<usize>) -> Vec<EtcdMemberStatus> {
+    healthy
+        .iter()
+        .enumerate()
+        .map(|(i, h)| EtcdMemberStatus {
+            name: format!("m{i}"),
+            id: Some(format!("{i:x}")),
+            peer_url: format!("https://m{i}:2380"),
+            healthy: *h,
+            learner: learner_at == Some(i),
+        })
+        .collect()
+}
+
+#[test]
+fn etcd_ready_and_settled() {
+    let all = statuses(&[true, true, true], None);
+    let (h, settled) = health(3, &Step::Done, &all, Some("3.6.16"), "3.6.16");
+    assert!(h.ready && settled, "{h:?}");
+    assert_eq!(h.reason, "MembersHealthy");
+    // Healthy, but still at the old version: ready, not settled.
+    let (h, settled) = health(3, &Step::Done, &all, Some("3.6.15"), "3.6.16");
+    assert!(h.ready && !settled, "{h:?}");
+    // Rolling: quorum serves, so ready, and not settled.
+    let (h, settled) = health(3, &Step::RollMember { index: 1 }, &all, None, "3.6.16");
+    assert!(h.ready && !settled);
+    assert_eq!(h.reason, "Upgrading");
+    // A learner being added: not settled, says so.
+    let with_learner = statuses(&[true, true, true], Some(2));
+    let (h, settled) = health(
+        3,
+        &Step::Promote { id: 2, index: 2 },
+        &with_learner,
+        Some("3.6.16"),
+        "3.6.16",
+    );
+    assert!(!settled);
+    assert_eq!(h.reason, "MembershipChanging");
+    // Lost quorum: not ready.
+    let (h, settled) = health(
+        3,
+        &Step::Wait {
+            reason: "quorum".into(),
+        },
+        &statuses(&[true, false, false], None),
+        Some("3.6.16"),
+        "3.6.16",
+    );
+    assert!(!h.ready && !settled, "{h:?}");
+    assert!(h.message.contains("1 of 3"), "{}", h.message);
+    // Too few members for the mode: not settled even when all are healthy.
+    let (_, settled) = health(
+        3,
+        &Step::Done,
+        &statuses(&[true], None),
+        Some("3.6.16"),
+        "3.6.16",
+    );
+    assert!(!settled);
+}
+
+#[test]
+fn unreachable_etcd_is_judged_by_its_pods() {
+    let mut s = three_slots();
+    let (h, settled, ready) = health_from_pods(3, &Step::Done, &s);
+    assert!(h.ready && settled);
+    assert_eq!(ready, 3);
+    s[1] = s[1].clone().outdated(true);
+    let (_, settled, _) = health_from_pods(3, &Step::Done, &s);
+    assert!(!settled);
+    s[2].pod = PodState::NotReady;
+    let (h, _, ready) = health_from_pods(3, &Step::Done, &s);
+    assert!(!h.ready);
+    assert_eq!(ready, 2);
+    // A surplus member Pod beyond the mode.
+    let (h, settled, _) = health_from_pods(1, &Step::Done, &three_slots());
+    assert!(!h.ready && !settled);
+}
+
+#[test]
+fn the_report_decides_settled() {
+    let report = Report {
+        members: vec![],
+        desired: 1,
+        ready: 1,
+        version: Some("3.6.16".into()),
+        condition: Health {
+            ready: true,
+            reason: "MembersHealthy",
+            message: String::new(),
+        },
+        settled: true,
+        pods: vec![],
+        requeue: None,
+    };
+    assert!(settled(&report));
+    assert!(!settled(&Report {
+        settled: false,
+        ..report
+    }));
+}
+
+#[test]
+fn images_follow_the_version_unless_given() {
+    let mut c: Cluster =
+        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    let config = Config::default();
+    c.spec.etcd.component.version = Some("3.6.15".into());
+    c.spec.etcd.component.image = None;
+    assert_eq!(desired_version(&c, &config), "3.6.15");
+    assert_eq!(desired_image(&c, &config), "registry.k8s.io/etcd:3.6.15-0");
+    c.spec.etcd.component.image = Some("mirror/etcd:x".into());
+    assert_eq!(desired_image(&c, &config), "mirror/etcd:x");
+    c.spec.etcd.component.version = None;
+    assert_eq!(desired_version(&c, &config), config.etcd_version);
+}
