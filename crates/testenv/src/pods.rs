@@ -67,6 +67,8 @@ pub struct Options {
     /// DNS domain of the cluster the Pods run in.
     pub cluster_domain: String,
     /// Extra image name → program mappings (added to the upstream binaries).
+    /// A name with a tag (`etcd:3.6.15-0`) maps only that tag, so two
+    /// releases of one component can run side by side.
     pub programs: BTreeMap<String, PathBuf>,
 }
 

@@ -846,7 +846,7 @@ async fn container_spec(
         }
     };
     let mut argv = expand::argv(container, &entrypoint, &env);
-    ctx.shared.images.resolve_argv0(&mut argv);
+    ctx.shared.images.resolve_argv0_for(&image, &mut argv);
     let mut mounts = vec![Mount {
         source: sandbox.hosts.clone(),
         target: "/etc/hosts".into(),
