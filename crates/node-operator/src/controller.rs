@@ -1,38 +1,235 @@
 //! The node-operator's controllers (Machine, ClusterPackageVersion,
 //! CanaryRelease), their shared context and error policy.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kube_on_kube_api::{CanaryRelease, Machine};
+use kube_on_kube_api::{CanaryRelease, ClusterPackageVersion, Machine};
 use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
 
 use crate::Error;
+use crate::bootstrap::MACHINE_LABEL;
+use crate::repair::Remediations;
+use crate::rollout;
+use crate::sessions::Pool;
+use crate::ssh::Timeouts;
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "node-operator";
+
+/// Operator settings, from flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Hosts worked on over SSH at the same time.
+    pub ssh_concurrency: usize,
+    /// SSH connect and per-script timeouts.
+    pub ssh_timeouts: Timeouts,
+    /// How often a Ready Machine's host is re-checked (services active,
+    /// versions as declared).
+    pub recheck: Duration,
+    /// How long to wait for a Node to turn Ready after installing before the
+    /// host is looked at again.
+    pub node_wait: Duration,
+    /// Longest a drain may take.
+    pub drain_timeout: Duration,
+    /// How long a deleted Machine's host may stay unreachable before the
+    /// Machine is released without cleaning it.
+    pub offboard_timeout: Duration,
+    /// `clusterDNS` of kubelet configs.
+    pub cluster_dns: String,
+    /// `clusterDomain` of kubelet configs.
+    pub cluster_domain: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            ssh_concurrency: 16,
+            ssh_timeouts: Timeouts::default(),
+            recheck: Duration::from_secs(300),
+            node_wait: Duration::from_secs(120),
+            drain_timeout: Duration::from_secs(300),
+            offboard_timeout: Duration::from_secs(600),
+            cluster_dns: "10.96.0.10".into(),
+            cluster_domain: "cluster.local".into(),
+        }
+    }
+}
 
 /// What every reconcile shares.
 pub struct Context {
     /// Client of the business cluster.
     pub client: Client,
+    /// Publishes Events on Machines.
+    pub recorder: Recorder,
+    /// Admission of Machines into disruption within the rollout budget.
+    pub gate: rollout::Gate,
+    /// Flags.
+    pub settings: Settings,
+    /// Bounds the hosts worked on at once.
+    pub ssh_slots: Semaphore,
+    /// SSH sessions reused between reconciles.
+    pub sessions: Pool,
+    /// Node-condition remediations, their cool-down and cap.
+    pub remediations: Remediations,
+    /// When each Machine's host was last checked by this process.
+    checked: Mutex<HashMap<String, Instant>>,
+    /// Consecutive failures per object, for backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Context {
+    /// A context for `client`.
+    pub fn new(client: Client, settings: Settings, remediations: Remediations) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            gate: rollout::Gate::default(),
+            ssh_slots: Semaphore::new(settings.ssh_concurrency.max(1)),
+            settings,
+            sessions: Pool::default(),
+            remediations,
+            checked: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+
+    /// Time since the Machine's host was last checked, if it was.
+    pub fn since_check(&self, machine: &str) -> Option<Duration> {
+        lock(&self.checked).get(machine).map(Instant::elapsed)
+    }
+
+    /// Records that the Machine's host was just checked.
+    pub fn mark_checked(&self, machine: &str) {
+        lock(&self.checked).insert(machine.to_string(), Instant::now());
+    }
+
+    /// Forgets a Machine (deleted).
+    pub fn forget(&self, machine: &str) {
+        lock(&self.checked).remove(machine);
+        lock(&self.failures).remove(machine);
+    }
+
+    /// Publishes an Event on `machine`; a failure to publish is only logged.
+    pub async fn event(
+        &self,
+        machine: &Machine,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            // The Events API caps notes at 1 kB.
+            note: Some(note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .recorder
+            .publish(&event, &machine.object_ref(&()))
+            .await
+        {
+            tracing::warn!(machine = %machine.name_any(), reason, error = %e, "publishing an event");
+        }
+    }
+
+    fn failed(&self, key: &str) -> u32 {
+        let mut failures = lock(&self.failures);
+        let n = failures.entry(key.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Clears the failure count of `key` after a success.
+    pub fn succeeded(&self, key: &str) {
+        lock(&self.failures).remove(key);
+    }
+}
+
+/// Run every controller with default settings until SIGTERM/SIGINT.
+pub async fn run(client: Client, concurrency: u16) {
+    run_with(
+        client,
+        concurrency,
+        Settings::default(),
+        Remediations::new(Vec::new(), Duration::from_secs(600), 1),
+    )
+    .await;
 }
 
 /// Run every controller until SIGTERM/SIGINT.
-pub async fn run(client: Client, concurrency: u16) {
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-    });
+pub async fn run_with(
+    client: Client,
+    concurrency: u16,
+    settings: Settings,
+    remediations: Remediations,
+) {
+    let ctx = Arc::new(Context::new(client.clone(), settings, remediations));
     futures::join!(
-        controller::<Machine>("machine", &client, concurrency, &ctx),
+        machines(&client, concurrency, &ctx),
         crate::cpv::run(client.clone()),
         controller::<CanaryRelease>("canaryrelease", &client, concurrency, &ctx),
     );
+}
+
+/// The Machine controller: Machines, their Nodes (by the Machine label the
+/// Node carries, else by name) and the cluster default versions.
+async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
+    let config = kube::runtime::controller::Config::default().concurrency(concurrency);
+    let controller = Controller::new(
+        Api::<Machine>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let stream = controller
+        .with_config(config)
+        .watches(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            |node: Node| {
+                let machine = node
+                    .labels()
+                    .get(MACHINE_LABEL)
+                    .cloned()
+                    .unwrap_or_else(|| node.name_any());
+                Some(ObjectRef::<Machine>::new(&machine))
+            },
+        )
+        .watches(
+            Api::<ClusterPackageVersion>::all(client.clone()),
+            watcher::Config::default(),
+            move |_cpv| {
+                store
+                    .state()
+                    .iter()
+                    .map(|m| ObjectRef::from_obj(m.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(crate::machine::reconcile, machine_error_policy, ctx.clone());
+    kok_common::controller::drive("machine", stream).await;
 }
 
 async fn controller<K>(name: &'static str, client: &Client, concurrency: u16, ctx: &Arc<Context>)
@@ -64,4 +261,31 @@ where
 {
     tracing::warn!(kind = %K::kind(&()), name = %obj.name_any(), category = error.category(), %error, "reconcile failed");
     Action::requeue(Duration::from_secs(15))
+}
+
+/// Backoff for a Machine after `failures` consecutive failures: 2 s doubling
+/// to 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let secs = 2u64.saturating_mul(1u64 << failures.saturating_sub(1).min(8));
+    Duration::from_secs(secs.min(300))
+}
+
+fn machine_error_policy(machine: Arc<Machine>, error: &Error, ctx: Arc<Context>) -> Action {
+    let n = ctx.failed(&machine.name_any());
+    let delay = backoff(n);
+    tracing::warn!(machine = %machine.name_any(), category = error.category(), %error, failures = n, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(2), Duration::from_secs(4));
+        assert_eq!(backoff(5), Duration::from_secs(32));
+        assert_eq!(backoff(30), Duration::from_secs(300));
+    }
 }

@@ -70,9 +70,48 @@ pub enum Error {
         status: i32,
         tail: String,
     },
+    /// The Machine asks for something that cannot be done until it changes.
+    #[error("invalid Machine {machine}: {detail}")]
+    InvalidSpec { machine: String, detail: String },
+    /// A PackageVersion the Machine should run is missing or wrong.
+    #[error("{0}")]
+    MissingPackageVersion(String),
+    /// The Secret holding the SSH private key is missing or has no such key.
+    #[error("SSH private key Secret {namespace}/{name} key {key}: {detail}")]
+    MissingSecret {
+        namespace: String,
+        name: String,
+        key: String,
+        detail: String,
+    },
+    /// The `cluster-info` ConfigMap in kube-public is missing or unusable.
+    #[error("cannot bootstrap the kubelet: {0}")]
+    ClusterInfo(String),
+    /// Pods would not leave the Node within the drain timeout.
+    #[error("draining node {node} timed out after {seconds}s; still there: {pods}")]
+    DrainTimeout {
+        node: String,
+        seconds: u64,
+        pods: String,
+    },
 }
 
 impl Error {
+    /// Whether retrying without a change to the Machine (or its Secret,
+    /// PackageVersions, host) cannot help, so the reconcile waits for one
+    /// rather than hammering the host.
+    pub fn needs_change(&self) -> bool {
+        matches!(
+            self,
+            Error::HostKeyMismatch { .. }
+                | Error::InvalidSpec { .. }
+                | Error::UnsupportedArch(_)
+                | Error::NoArtifact { .. }
+                | Error::ChecksumMismatch { .. }
+                | Error::Template { .. }
+        )
+    }
+
     /// Short static category, used as a metric label and event reason.
     pub fn category(&self) -> &'static str {
         match self {
@@ -91,6 +130,11 @@ impl Error {
             Error::HealthCheck { .. } => "health_check",
             Error::NoPrevious { .. } => "no_previous",
             Error::Step { .. } => "install_step",
+            Error::InvalidSpec { .. } => "invalid_spec",
+            Error::MissingPackageVersion(_) => "missing_package_version",
+            Error::MissingSecret { .. } => "missing_secret",
+            Error::ClusterInfo(_) => "cluster_info",
+            Error::DrainTimeout { .. } => "drain_timeout",
         }
     }
 }

@@ -210,7 +210,7 @@ echo "changed unpacked $v"
 
 /// Shell function writing a file only when its content or mode differ, via a
 /// temporary file and `mv` so readers never see it half written.
-const WRITE_FILE_FN: &str = r#"write_file() {
+pub(crate) const WRITE_FILE_FN: &str = r#"write_file() {
   p=$1; m=$2; t="$1.kok-tmp"
   mkdir -p "$(dirname "$p")"
   printf '%s' "$3" | base64 -d > "$t"
@@ -460,7 +460,7 @@ fn looks_like_secret(word: &str) -> bool {
     bootstrap_token || base64ish
 }
 
-fn base64(data: &[u8]) -> String {
+pub(crate) fn base64(data: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {

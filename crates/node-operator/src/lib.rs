@@ -2,12 +2,19 @@
 //! `ClusterPackageVersion`, `CanaryRelease` and `Node` in one business cluster
 //! and keeps every host's packages at their declared versions over SSH.
 
+pub mod bootstrap;
 pub mod controller;
 pub mod cpv;
+pub mod drain;
 pub mod error;
+pub mod host;
 pub mod install;
+pub mod machine;
+pub mod offboard;
+pub mod repair;
 pub mod rollout;
+pub mod sessions;
 pub mod ssh;
 
-pub use controller::{Context, run};
+pub use controller::{Context, Settings, run, run_with};
 pub use error::Error;

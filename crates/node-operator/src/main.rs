@@ -1,9 +1,15 @@
 //! `node-operator`: runs the Machine, ClusterPackageVersion and CanaryRelease
 //! controllers against one business cluster.
 
+use std::time::Duration;
+
 use clap::Parser;
 use kok_common::client::ClientArgs;
+use kok_common::duration::parse as parse_duration;
 use kok_common::telemetry::LogArgs;
+use node_operator::Settings;
+use node_operator::repair::{Remediations, Rule, parse_rule};
+use node_operator::ssh::Timeouts;
 
 /// Turns Machine objects into Ready Nodes of a business cluster by installing
 /// the container runtime, CNI plugins and kubelet over SSH, and keeps them at the
@@ -21,6 +27,50 @@ struct Args {
     /// Machines and CanaryReleases reconciled at the same time.
     #[arg(long, env = "KOK_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
+    /// Hosts worked on over SSH at the same time (a bound on SSH sessions
+    /// doing work; idle sessions are kept for reuse).
+    #[arg(long, env = "KOK_SSH_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    ssh_concurrency: u16,
+    /// SSH connect timeout (TCP plus handshake).
+    #[arg(long, env = "KOK_SSH_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    ssh_connect_timeout: Duration,
+    /// Longest one step on a host may run (a download, a health check).
+    #[arg(long, env = "KOK_SSH_STEP_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    ssh_step_timeout: Duration,
+    /// How often a Ready Machine's host is re-checked over SSH: services
+    /// active (else restarted), versions as declared (else reinstalled).
+    #[arg(long, env = "KOK_RECHECK_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    recheck_interval: Duration,
+    /// How long to wait for a Machine's Node to turn Ready after installing
+    /// before the host is looked at again.
+    #[arg(long, env = "KOK_NODE_WAIT", default_value = "2m", value_parser = parse_duration)]
+    node_wait: Duration,
+    /// Longest a drain (before an upgrade that requires it, or on delete) may
+    /// take; Pods a PodDisruptionBudget protects are retried until then.
+    #[arg(long, env = "KOK_DRAIN_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// How long a deleted Machine's host may stay unreachable before the
+    /// Machine is released without cleaning the host (with a Warning Event).
+    #[arg(long, env = "KOK_OFFBOARD_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    offboard_timeout: Duration,
+    /// `clusterDNS` rendered into kubelet configurations.
+    #[arg(long, env = "KOK_CLUSTER_DNS", default_value = "10.96.0.10")]
+    cluster_dns: String,
+    /// `clusterDomain` rendered into kubelet configurations.
+    #[arg(long, env = "KOK_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    cluster_domain: String,
+    /// A Node-condition remediation, CONDITION=REMEDY, repeatable. REMEDY is
+    /// restart:UNIT, command:SHELL (run on the host), reprovision or cordon;
+    /// e.g. `DiskPressure=command:crictl rmi --prune`,
+    /// `KernelDeadlock=cordon`.
+    #[arg(long = "remediation", env = "KOK_REMEDIATIONS", value_delimiter = ';', value_parser = parse_rule)]
+    remediations: Vec<Rule>,
+    /// Least time between two remediations of one Machine.
+    #[arg(long, env = "KOK_REMEDIATION_COOLDOWN", default_value = "10m", value_parser = parse_duration)]
+    remediation_cooldown: Duration,
+    /// Most remediations running at once across the cluster.
+    #[arg(long, env = "KOK_MAX_CONCURRENT_REMEDIATIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_remediations: u16,
 }
 
 #[tokio::main]
@@ -28,6 +78,24 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.log.init();
     let client = args.client.connect("the business cluster").await?;
-    node_operator::run(client, args.concurrency).await;
+    let settings = Settings {
+        ssh_concurrency: usize::from(args.ssh_concurrency),
+        ssh_timeouts: Timeouts {
+            connect: args.ssh_connect_timeout,
+            run: args.ssh_step_timeout,
+        },
+        recheck: args.recheck_interval,
+        node_wait: args.node_wait,
+        drain_timeout: args.drain_timeout,
+        offboard_timeout: args.offboard_timeout,
+        cluster_dns: args.cluster_dns,
+        cluster_domain: args.cluster_domain,
+    };
+    let remediations = Remediations::new(
+        args.remediations,
+        args.remediation_cooldown,
+        usize::from(args.max_concurrent_remediations),
+    );
+    node_operator::run_with(client, args.concurrency, settings, remediations).await;
     Ok(())
 }
