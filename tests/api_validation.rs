@@ -402,7 +402,7 @@ async fn every_example_applies_and_reads_back_typed() {
     let mut applied = 0;
     for (file, mut doc) in example_documents() {
         let kind = doc["kind"].as_str().expect("kind").to_string();
-        if kind == "Cluster" || kind == "Secret" {
+        if kind == "Cluster" || kind == "Secret" || kind == "ConfigMap" {
             set(&mut doc, "metadata/namespace", json!(namespace));
         }
         let name = doc["metadata"]["name"].as_str().expect("name").to_string();
@@ -410,6 +410,10 @@ async fn every_example_applies_and_reads_back_typed() {
             "Secret" => {
                 dynamic_api::<k8s_openapi::api::core::v1::Secret>(client.clone(), Some(&namespace))
             }
+            "ConfigMap" => dynamic_api::<k8s_openapi::api::core::v1::ConfigMap>(
+                client.clone(),
+                Some(&namespace),
+            ),
             k => api_for(&client, k, &namespace),
         };
         let obj: DynamicObject = serde_json::from_value(doc).expect("object");

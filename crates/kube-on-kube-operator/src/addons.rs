@@ -1,24 +1,45 @@
-//! Applying add-ons into the business cluster, once its API answers, with the
+//! Applying add-ons into the business cluster once its API answers, with the
 //! admin identity over the internal Service (the operator runs in the
-//! meta-cluster, where that name resolves).
+//! meta-cluster, where that name resolves), and the node-operator's Deployment
+//! into the meta-cluster.
+//!
+//! What each add-on put into the business cluster is recorded in an inventory
+//! ConfigMap next to the Cluster (`<cluster>-addons`): with it an unchanged
+//! add-on costs one read per object instead of a write, a disabled add-on or an
+//! object a new version dropped can be removed, and an add-on that cannot be
+//! rendered keeps what it applied before.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Resource};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::core::GroupVersionKind;
+use kube::discovery::Scope;
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::shared::{CLUSTER_LABEL, COMPONENT_LABEL};
+use serde::{Deserialize, Serialize};
 
-use crate::controller::MANAGER;
-use crate::names::Names;
-use crate::render::addons;
+use crate::controller::{Context, MANAGER, publish};
+use crate::names::{Component, Names};
+use crate::render::addons::{self as render, Facts, Plan, Settings};
 use crate::render::control_plane::internal_api_url;
-use crate::render::kubeconfig;
+use crate::render::{config_hash, kubeconfig, owner};
+use crate::secrets;
+
+/// Data key of the inventory ConfigMap.
+pub const INVENTORY_KEY: &str = "inventory.json";
+/// An unchanged add-on is applied again after this long anyway, which
+/// repairs edits made to its objects in the business cluster.
+pub const RESYNC: Duration = Duration::from_secs(30 * 60);
+/// Kinds never deleted when an add-on is disabled or drops them: deleting a
+/// CRD deletes every object of it, and a Namespace everything in it.
+const KEPT_KINDS: [&str; 2] = ["CustomResourceDefinition", "Namespace"];
 
 /// A client of the business cluster as its admin, through the internal Service.
 pub async fn business_client(
@@ -48,44 +69,626 @@ pub async fn business_client(
     Client::try_from(config).map_err(|e| e.to_string())
 }
 
-async fn apply<K>(api: Api<K>, obj: &K) -> Result<(), String>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    kok_common::apply::apply(&api, MANAGER, &name, obj)
-        .await
-        .map(drop)
-        .map_err(|e| format!("{} {name}: {e}", K::kind(&())))
+/// One object an add-on applied, with what it takes to read or delete it
+/// again without discovery.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub plural: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
 }
 
-/// Apply the built-in add-ons: the bootstrap pieces and the node-operator's
-/// CRDs.
-pub async fn apply_builtin(client: &Client, server: &str, ca_pem: &str) -> Result<(), String> {
-    let bootstrap = addons::bootstrap(server, ca_pem);
-    apply(
-        Api::<ConfigMap>::namespaced(client.clone(), "kube-public"),
-        &bootstrap.cluster_info,
-    )
-    .await?;
-    apply(
-        Api::<Role>::namespaced(client.clone(), "kube-public"),
-        &bootstrap.cluster_info_role,
-    )
-    .await?;
-    apply(
-        Api::<RoleBinding>::namespaced(client.clone(), "kube-public"),
-        &bootstrap.cluster_info_binding,
-    )
-    .await?;
-    for binding in &bootstrap.cluster_role_bindings {
-        apply(Api::<ClusterRoleBinding>::all(client.clone()), binding).await?;
+impl ObjectRef {
+    fn api(&self, client: &Client) -> Api<DynamicObject> {
+        let (group, version) = match self.api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", self.api_version.as_str()),
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &self.kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, &self.plural);
+        match &self.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        }
     }
-    for (_, crd) in kube_on_kube_api::crds()
-        .into_iter()
-        .filter(|(file, _)| *file != "cluster.yaml")
-    {
-        apply(Api::<CustomResourceDefinition>::all(client.clone()), &crd).await?;
+
+    fn kept(&self) -> bool {
+        KEPT_KINDS.contains(&self.kind.as_str())
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// What one add-on last applied.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub version: String,
+    pub hash: String,
+    /// Unix time of the last full apply.
+    pub applied_at: i64,
+    pub objects: Vec<ObjectRef>,
+}
+
+/// Every add-on's record, by name.
+pub type Inventory = BTreeMap<String, Record>;
+
+/// The outcome for the AddonsReady condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Report {
+    fn failed(reason: &'static str, message: String) -> Self {
+        Report {
+            ready: false,
+            reason,
+            message,
+        }
+    }
+}
+
+/// Name of the inventory ConfigMap of a Cluster.
+pub fn inventory_name(names: &Names) -> String {
+    format!("{}-addons", names.cluster)
+}
+
+/// Inputs of one pass.
+pub struct Inputs<'a> {
+    pub cluster: &'a Cluster,
+    pub names: &'a Names,
+    /// The Cluster's Secrets (CA, kubeconfigs) as the reconcile has them.
+    pub secrets: &'a BTreeMap<String, Secret>,
+    /// URL kubelets and users reach the business API at.
+    pub endpoint: &'a str,
+}
+
+/// Resolved kinds of one pass, so each group-version is discovered once.
+#[derive(Default)]
+struct Kinds(HashMap<(String, String), (ApiResource, bool)>);
+
+impl Kinds {
+    async fn resolve(
+        &mut self,
+        client: &Client,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<(ApiResource, bool), String> {
+        let key = (api_version.to_string(), kind.to_string());
+        if let Some(found) = self.0.get(&key) {
+            return Ok(found.clone());
+        }
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .map_err(|e| {
+                format!("the business cluster does not serve {kind} {api_version}: {e}")
+            })?;
+        let found = (resource, caps.scope == Scope::Namespaced);
+        self.0.insert(key, found.clone());
+        Ok(found)
+    }
+}
+
+/// Server-side apply every object; Namespaces and CRDs first so what lives in
+/// them can follow.
+async fn apply_objects(
+    client: &Client,
+    kinds: &mut Kinds,
+    objects: &[DynamicObject],
+) -> Result<Vec<ObjectRef>, String> {
+    let mut ordered: Vec<&DynamicObject> = objects.iter().collect();
+    ordered.sort_by_key(|o| {
+        let kind = o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("");
+        !KEPT_KINDS.contains(&kind)
+    });
+    let mut refs = Vec::with_capacity(objects.len());
+    for object in ordered {
+        let types = object.types.clone().unwrap_or_default();
+        let name = object.name_any();
+        let (resource, namespaced) = kinds
+            .resolve(client, &types.api_version, &types.kind)
+            .await?;
+        let namespace =
+            namespaced.then(|| object.namespace().unwrap_or_else(|| "default".to_string()));
+        let reference = ObjectRef {
+            api_version: types.api_version.clone(),
+            kind: types.kind.clone(),
+            plural: resource.plural.clone(),
+            namespace,
+            name: name.clone(),
+        };
+        let mut object = object.clone();
+        object.metadata.namespace = reference.namespace.clone();
+        kok_common::apply::apply(&reference.api(client), MANAGER, &name, &object)
+            .await
+            .map_err(|e| format!("{reference}: {e}"))?;
+        refs.push(reference);
+    }
+    Ok(refs)
+}
+
+/// Whether every recorded object is still there (and not being deleted).
+async fn all_exist(client: &Client, objects: &[ObjectRef]) -> Result<bool, String> {
+    for reference in objects {
+        let found = reference
+            .api(client)
+            .get_metadata_opt(&reference.name)
+            .await
+            .map_err(|e| format!("{reference}: {e}"))?;
+        if found.is_none_or(|m| m.metadata.deletion_timestamp.is_some()) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Delete objects (except [`KEPT_KINDS`]); already gone is fine.
+async fn delete_objects(client: &Client, objects: &[ObjectRef]) -> Result<(), String> {
+    for reference in objects.iter().filter(|r| !r.kept()) {
+        match reference
+            .api(client)
+            .delete(&reference.name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(format!("deleting {reference}: {e}")),
+        }
     }
     Ok(())
+}
+
+/// The registered add-on templates the Cluster can use: its own namespace's
+/// first, then the operator's template namespace.
+async fn templates(
+    ctx: &Context,
+    names: &Names,
+) -> Result<(Vec<render::Template>, Vec<render::Broken>), String> {
+    let mut namespaces = vec![names.namespace.clone()];
+    if let Some(ns) = &ctx.config.addon_template_namespace
+        && *ns != names.namespace
+    {
+        namespaces.push(ns.clone());
+    }
+    let mut found = Vec::new();
+    let mut broken = Vec::new();
+    for ns in namespaces {
+        let mut maps = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default().labels(render::TEMPLATE_LABEL))
+            .await
+            .map_err(|e| format!("listing add-on templates in {ns}: {e}"))?
+            .items;
+        maps.sort_by_key(|m| m.name_any());
+        for map in &maps {
+            match render::registered(map) {
+                Ok(t) => found.push(t),
+                Err(b) => broken.push(b),
+            }
+        }
+    }
+    Ok((found, broken))
+}
+
+async fn read_inventory(api: &Api<ConfigMap>, name: &str) -> Result<Inventory, String> {
+    let map = api
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading ConfigMap {name}: {e}"))?;
+    Ok(map
+        .and_then(|m| m.data)
+        .and_then(|d| d.get(INVENTORY_KEY).cloned())
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default())
+}
+
+async fn write_inventory(
+    api: &Api<ConfigMap>,
+    inputs: &Inputs<'_>,
+    inventory: &Inventory,
+) -> Result<(), String> {
+    let name = inventory_name(inputs.names);
+    let labels: BTreeMap<String, String> = [
+        (CLUSTER_LABEL.to_string(), inputs.names.cluster.clone()),
+        (COMPONENT_LABEL.to_string(), "addons".to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            MANAGER.to_string(),
+        ),
+    ]
+    .into();
+    let text = serde_json::to_string_pretty(inventory).map_err(|e| e.to_string())?;
+    let map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(inputs.names.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![owner(inputs.cluster)]),
+            ..Default::default()
+        },
+        data: Some([(INVENTORY_KEY.to_string(), text)].into()),
+        ..Default::default()
+    };
+    kok_common::apply::apply(api, MANAGER, &name, &map)
+        .await
+        .map(drop)
+        .map_err(|e| format!("writing ConfigMap {name}: {e}"))
+}
+
+/// The node-operator Deployment's config hash: its kubeconfig Secret and image.
+fn node_operator_hash(inputs: &Inputs<'_>, image: &str) -> String {
+    let secret = inputs.names.kubeconfig_secret("node-operator");
+    let data = inputs
+        .secrets
+        .get(&secret)
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get(kubeconfig::KEY))
+        .map(|v| v.0.as_slice())
+        .unwrap_or_default();
+    config_hash([("kubeconfig", data), ("image", image.as_bytes())])
+}
+
+/// Converge every add-on of one Cluster and say how that went.
+pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
+    let cluster = inputs.cluster;
+    let names = inputs.names;
+    let ca_pem = inputs
+        .secrets
+        .get(&names.ca_secret())
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get(secrets::CERT))
+        .map(|v| String::from_utf8_lossy(&v.0).to_string())
+        .unwrap_or_default();
+    let image = ctx.config.node_operator_image.clone().unwrap_or_else(|| {
+        format!(
+            "{}/node-operator:{}",
+            ctx.config.registry,
+            env!("CARGO_PKG_VERSION")
+        )
+    });
+    let settings = Settings {
+        registry: &ctx.config.registry,
+        operator_version: env!("CARGO_PKG_VERSION"),
+        node_operator_image: &image,
+    };
+    let facts = Facts {
+        names,
+        endpoint: inputs.endpoint,
+        ca_pem: &ca_pem,
+    };
+    let (registered, broken) = match templates(ctx, names).await {
+        Ok(t) => t,
+        Err(e) => return Report::failed("TemplatesUnreadable", e),
+    };
+    let plans = render::plan(cluster, &settings, &registered, &broken);
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let mut inventory = match read_inventory(&maps, &inventory_name(names)).await {
+        Ok(i) => i,
+        Err(e) => return Report::failed("InventoryUnreadable", e),
+    };
+    let before = inventory.clone();
+    // One cheap request first, so an unreachable API costs one timeout, not
+    // one per add-on.
+    let business = match business_client(names, inputs.secrets).await {
+        Ok(c) => match c.apiserver_version().await {
+            Ok(_) => c,
+            Err(e) => {
+                return Report::failed(
+                    "BusinessAPIUnreachable",
+                    format!("the business API does not answer: {e}"),
+                );
+            }
+        },
+        Err(e) => return Report::failed("BusinessAPIUnreachable", e),
+    };
+
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let mut kinds = Kinds::default();
+    let mut applied: Vec<String> = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
+    let mut unknown = false;
+    let mut node_operator_values = None;
+    for plan in &plans {
+        match plan {
+            Plan::Apply(planned) => {
+                let label = format!("{}@{}", planned.name, planned.version);
+                let result = match render::render(planned, cluster, &facts, &settings) {
+                    Err(e) => Err(e),
+                    Ok(rendered) => {
+                        let record = inventory.get(&planned.name);
+                        let fresh = match record {
+                            Some(r)
+                                if r.hash == rendered.hash
+                                    && now - r.applied_at < RESYNC.as_secs() as i64 =>
+                            {
+                                all_exist(&business, &r.objects).await
+                            }
+                            _ => Ok(false),
+                        };
+                        match fresh {
+                            Err(e) => Err(e),
+                            Ok(true) => Ok(()),
+                            Ok(false) => {
+                                match apply_objects(&business, &mut kinds, &rendered.objects).await
+                                {
+                                    Err(e) => Err(e),
+                                    Ok(refs) => {
+                                        let new: BTreeSet<&ObjectRef> = refs.iter().collect();
+                                        let dropped: Vec<ObjectRef> = record
+                                            .map(|r| {
+                                                r.objects
+                                                    .iter()
+                                                    .filter(|o| !new.contains(o))
+                                                    .cloned()
+                                                    .collect()
+                                            })
+                                            .unwrap_or_default();
+                                        let changed =
+                                            record.is_none_or(|r| r.hash != rendered.hash);
+                                        let pruned = delete_objects(&business, &dropped).await;
+                                        if changed {
+                                            publish(
+                                                ctx,
+                                                cluster,
+                                                EventType::Normal,
+                                                "AddonApplied",
+                                                "ApplyAddon",
+                                                format!("applied {label} ({} objects)", refs.len()),
+                                            )
+                                            .await;
+                                        }
+                                        inventory.insert(
+                                            planned.name.clone(),
+                                            Record {
+                                                version: planned.version.clone(),
+                                                hash: rendered.hash.clone(),
+                                                applied_at: now,
+                                                objects: refs,
+                                            },
+                                        );
+                                        pruned
+                                    }
+                                }
+                            }
+                        }
+                    }
+                };
+                match result {
+                    Ok(()) => {
+                        applied.push(label);
+                        if planned.name == render::NODE_OPERATOR {
+                            node_operator_values = Some(planned.values.clone());
+                        }
+                    }
+                    Err(e) => {
+                        publish(
+                            ctx,
+                            cluster,
+                            EventType::Warning,
+                            "AddonFailed",
+                            "ApplyAddon",
+                            format!("{label}: {e}"),
+                        )
+                        .await;
+                        failed.push(format!("{label}: {e}"));
+                    }
+                }
+            }
+            Plan::Invalid {
+                name,
+                version,
+                reason,
+            } => {
+                unknown = true;
+                let message = format!("{name}@{version}: {reason}");
+                publish(
+                    ctx,
+                    cluster,
+                    EventType::Warning,
+                    "AddonFailed",
+                    "ResolveAddon",
+                    message.clone(),
+                )
+                .await;
+                failed.push(message);
+            }
+            Plan::Disabled { .. } => {}
+        }
+    }
+    // Disabled add-ons, and user add-ons no longer listed, are removed.
+    let keep: BTreeSet<&str> = plans
+        .iter()
+        .filter(|p| !matches!(p, Plan::Disabled { .. }))
+        .map(Plan::name)
+        .collect();
+    let gone: Vec<String> = inventory
+        .keys()
+        .filter(|name| !keep.contains(name.as_str()))
+        .cloned()
+        .collect();
+    for name in gone {
+        let objects = inventory
+            .get(&name)
+            .map(|r| r.objects.clone())
+            .unwrap_or_default();
+        match delete_objects(&business, &objects).await {
+            Ok(()) => {
+                inventory.remove(&name);
+                publish(
+                    ctx,
+                    cluster,
+                    EventType::Normal,
+                    "AddonRemoved",
+                    "RemoveAddon",
+                    format!("removed {name}"),
+                )
+                .await;
+            }
+            Err(e) => {
+                publish(
+                    ctx,
+                    cluster,
+                    EventType::Warning,
+                    "AddonFailed",
+                    "RemoveAddon",
+                    format!("{name}: {e}"),
+                )
+                .await;
+                failed.push(format!("removing {name}: {e}"));
+            }
+        }
+    }
+    if inventory != before
+        && let Err(e) = write_inventory(&maps, inputs, &inventory).await
+    {
+        failed.push(e);
+    }
+
+    // The node-operator runs in the meta-cluster once its CRDs and rights exist.
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let deployment_name = names.deployment(Component::NodeOperator);
+    let mut node_operator = None;
+    if let Some(values) = &node_operator_values {
+        let image = values
+            .get("image")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let desired =
+            render::node_operator(cluster, names, values, &node_operator_hash(inputs, image));
+        match kok_common::apply::apply(&deployments, MANAGER, &deployment_name, &desired).await {
+            Ok(d) => {
+                let want = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                let ready = d
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0);
+                node_operator = Some((ready, want));
+            }
+            Err(e) => failed.push(format!("Deployment {deployment_name}: {e}")),
+        }
+    } else if plans
+        .iter()
+        .any(|p| matches!(p, Plan::Disabled { name } if name == render::NODE_OPERATOR))
+    {
+        match deployments
+            .delete(&deployment_name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {
+                publish(
+                    ctx,
+                    cluster,
+                    EventType::Normal,
+                    "AddonRemoved",
+                    "RemoveAddon",
+                    format!("removed Deployment {deployment_name}"),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => failed.push(format!("deleting Deployment {deployment_name}: {e}")),
+        }
+    }
+    summarize(&applied, &failed, unknown, node_operator)
+}
+
+/// The AddonsReady outcome from what happened.
+pub fn summarize(
+    applied: &[String],
+    failed: &[String],
+    unknown: bool,
+    node_operator: Option<(i32, i32)>,
+) -> Report {
+    let mut message = String::new();
+    if !failed.is_empty() {
+        message.push_str(&format!("failed: {}; ", failed.join("; ")));
+    }
+    message.push_str(&format!("applied: {}", applied.join(", ")));
+    if let Some((ready, want)) = node_operator {
+        message.push_str(&format!("; node-operator {ready}/{want} ready"));
+    }
+    let operator_ready = node_operator.is_none_or(|(ready, want)| ready >= want);
+    let (ready, reason) = if unknown {
+        (false, "UnknownAddon")
+    } else if !failed.is_empty() {
+        (false, "ApplyFailed")
+    } else if !operator_ready {
+        (false, "NodeOperatorNotReady")
+    } else {
+        (true, "Applied")
+    };
+    Report {
+        ready,
+        reason,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_names_failures_first_and_the_node_operator() {
+        let applied = vec!["bootstrap@0.1.0".to_string(), "coredns@1.12.1".to_string()];
+        let ok = summarize(&applied, &[], false, Some((1, 1)));
+        assert!(ok.ready);
+        assert_eq!(ok.reason, "Applied");
+        assert_eq!(
+            ok.message,
+            "applied: bootstrap@0.1.0, coredns@1.12.1; node-operator 1/1 ready"
+        );
+        let waiting = summarize(&applied, &[], false, Some((0, 1)));
+        assert_eq!(
+            (waiting.ready, waiting.reason),
+            (false, "NodeOperatorNotReady")
+        );
+        let bad = summarize(&applied, &["x@1.0.0: no template".into()], true, None);
+        assert_eq!((bad.ready, bad.reason), (false, "UnknownAddon"));
+        assert!(
+            bad.message
+                .starts_with("failed: x@1.0.0: no template; applied: bootstrap@0.1.0")
+        );
+        let failed = summarize(&applied, &["y: refused".into()], false, Some((1, 1)));
+        assert_eq!(failed.reason, "ApplyFailed");
+    }
+
+    #[test]
+    fn object_refs_round_trip_and_address_their_api() {
+        let r = ObjectRef {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            plural: "deployments".into(),
+            namespace: Some("kube-system".into()),
+            name: "coredns".into(),
+        };
+        let text = serde_json::to_string(&r).expect("json");
+        assert_eq!(serde_json::from_str::<ObjectRef>(&text).expect("back"), r);
+        assert_eq!(r.to_string(), "Deployment kube-system/coredns");
+        assert!(!r.kept());
+        let crd = ObjectRef {
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+            namespace: None,
+            name: "machines.kubeonkube.io".into(),
+        };
+        assert!(crd.kept());
+    }
 }

@@ -39,6 +39,12 @@ pub struct Config {
     pub registry: String,
     /// etcd version used when the Cluster does not set one.
     pub etcd_version: String,
+    /// Image of the node-operator each Cluster gets (default:
+    /// `<registry>/node-operator:<operator version>`).
+    pub node_operator_image: Option<String>,
+    /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
+    /// its own namespace's.
+    pub addon_template_namespace: Option<String>,
 }
 
 impl Default for Config {
@@ -47,6 +53,8 @@ impl Default for Config {
             meta_domain: "cluster.local".into(),
             registry: "registry.k8s.io".into(),
             etcd_version: "3.6.16".into(),
+            node_operator_image: None,
+            addon_template_namespace: None,
         }
     }
 }
@@ -458,28 +466,13 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .unwrap_or(0)
         > 0;
     let addons = if api_ready && certificates_error.is_none() {
-        let ca_pem = all_secrets
-            .get(&names.ca_secret())
-            .and_then(|s| s.data.as_ref())
-            .and_then(|d| d.get(secrets::CERT))
-            .map(|v| String::from_utf8_lossy(&v.0).to_string())
-            .unwrap_or_default();
-        let result = match addons::business_client(&names, &all_secrets).await {
-            Ok(business) => addons::apply_builtin(&business, &endpoint, &ca_pem).await,
-            Err(e) => Err(e),
+        let inputs = addons::Inputs {
+            cluster: &cluster,
+            names: &names,
+            secrets: &all_secrets,
+            endpoint: &endpoint,
         };
-        if let Err(e) = &result {
-            publish(
-                &ctx,
-                &cluster,
-                EventType::Warning,
-                "AddonsFailed",
-                "ApplyAddons",
-                e.clone(),
-            )
-            .await;
-        }
-        Some(result)
+        Some(addons::reconcile(&ctx, &inputs).await)
     } else {
         None
     };

@@ -31,6 +31,16 @@ struct Args {
     /// etcd version of Clusters that do not set `spec.etcd.version`.
     #[arg(long, env = "KOK_ETCD_VERSION", default_value = "3.6.16")]
     etcd_version: String,
+    /// Image of the node-operator run for each Cluster (default:
+    /// `<image registry>/node-operator:<this operator's version>`). A Cluster
+    /// can override it with `spec.addons[{name: node-operator}].values.image`.
+    #[arg(long, env = "KOK_NODE_OPERATOR_IMAGE")]
+    node_operator_image: Option<String>,
+    /// Namespace whose ConfigMaps labelled `kubeonkube.io/addon-template`
+    /// register add-on templates for every Cluster (each Cluster's own namespace
+    /// is always searched first).
+    #[arg(long, env = "KOK_ADDON_TEMPLATE_NAMESPACE")]
+    addon_template_namespace: Option<String>,
 }
 
 #[tokio::main]
@@ -42,6 +52,8 @@ async fn main() -> anyhow::Result<()> {
         meta_domain: args.meta_cluster_domain,
         registry: args.image_registry,
         etcd_version: args.etcd_version,
+        node_operator_image: args.node_operator_image,
+        addon_template_namespace: args.addon_template_namespace,
     };
     kube_on_kube_operator::run(client, args.namespace, args.concurrency, config).await;
     Ok(())

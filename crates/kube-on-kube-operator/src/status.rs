@@ -31,8 +31,8 @@ pub struct Observed<'a> {
     pub certificates_expire_at: Option<Timestamp>,
     /// Why the PKI step could not finish, if it could not.
     pub certificates_error: Option<String>,
-    /// Add-ons: None while not attempted yet, Some(Err) with the reason.
-    pub addons: Option<Result<(), String>>,
+    /// Add-ons: None while not attempted yet, else how applying them went.
+    pub addons: Option<crate::addons::Report>,
     pub version: &'a str,
     pub etcd_version: &'a str,
     /// What the etcd step found (None while paused: then the Pods tell).
@@ -177,14 +177,13 @@ pub fn build(
             .unwrap_or_else(|| "every certificate is issued and current".into()),
     );
     let addons_ok = match &observed.addons {
-        Some(Ok(())) => set(
+        Some(report) => set(
             ADDONS_READY,
-            true,
-            "Applied",
-            "ApplyFailed",
-            "every add-on is applied".into(),
+            report.ready,
+            report.reason,
+            report.reason,
+            report.message.clone(),
         ),
-        Some(Err(e)) => set(ADDONS_READY, false, "Applied", "ApplyFailed", e.clone()),
         None => set(
             ADDONS_READY,
             false,
@@ -332,7 +331,11 @@ mod tests {
                 endpoint: "https://x:6443".into(),
                 certificates_expire_at: None,
                 certificates_error: None,
-                addons: Some(Ok(())),
+                addons: Some(crate::addons::Report {
+                    ready: true,
+                    reason: "Applied",
+                    message: "applied: bootstrap@0.1.0".into(),
+                }),
                 version: "1.35.4",
                 etcd_version: "3.6.16",
                 etcd: None,

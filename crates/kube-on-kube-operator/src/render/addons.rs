@@ -1,176 +1,904 @@
-//! The built-in `bootstrap` add-on: what a kubelet needs in the business cluster
-//! to join with a bootstrap token, as kubeadm's bootstrap-token phase sets it up:
-//! the public `cluster-info` ConfigMap (CA and API address) readable without
-//! credentials, bootstrap tokens allowed to create node CSRs, and those CSRs
-//! (and nodes' renewals) approved automatically.
+//! Add-ons of a business cluster as versioned templates rendered with the
+//! Cluster's values: the built-in ones (`bootstrap`, `node-operator`,
+//! `kube-proxy`, `coredns`) and those users register as labelled ConfigMaps.
+//! Which add-ons a Cluster gets, at which version and with which values, and
+//! the objects they render to, are pure functions of the spec; the apply step
+//! is in [`crate::addons`].
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::{
-    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde_json::json;
+pub mod template;
 
-/// Group every bootstrap token authenticates as.
-pub const BOOTSTRAPPERS: &str = "system:bootstrappers";
-/// Group of every node.
-pub const NODES: &str = "system:nodes";
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Objects of the bootstrap add-on, applied into the business cluster.
-pub struct Bootstrap {
-    pub cluster_info: ConfigMap,
-    pub cluster_info_role: Role,
-    pub cluster_info_binding: RoleBinding,
-    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Container};
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use kube_on_kube_api::cluster::Cluster;
+use serde_json::{Map, Value, json};
+
+use crate::names::{Component, Names};
+use crate::render::config_hash;
+use crate::render::control_plane::{self, KUBECONFIG_DIR};
+
+/// Label of a ConfigMap that registers an add-on template; its value is the
+/// add-on's name.
+pub const TEMPLATE_LABEL: &str = "kubeonkube.io/addon-template";
+/// Key of a template ConfigMap holding the template's version.
+pub const VERSION_KEY: &str = "version";
+/// Key of a template ConfigMap holding the multi-document YAML template.
+pub const TEMPLATE_KEY: &str = "template.yaml";
+/// Key of a template ConfigMap holding the default values (a YAML object).
+pub const VALUES_KEY: &str = "values.yaml";
+/// Label on every object an add-on put into the business cluster.
+pub const ADDON_LABEL: &str = "kubeonkube.io/addon";
+
+/// Built-in add-on: what a kubelet needs to join with a bootstrap token.
+pub const BOOTSTRAP: &str = "bootstrap";
+/// Built-in add-on: the node-operator's CRDs and rights in the business
+/// cluster, and its Deployment in the meta-cluster.
+pub const NODE_OPERATOR: &str = "node-operator";
+/// Built-in add-on: kube-proxy on every node.
+pub const KUBE_PROXY: &str = "kube-proxy";
+/// Built-in add-on: cluster DNS.
+pub const COREDNS: &str = "coredns";
+/// CoreDNS version used unless the Cluster asks for another.
+pub const COREDNS_VERSION: &str = "1.12.1";
+/// Built-in add-ons in the order they are applied (before the users' own).
+pub const BUILTIN: [&str; 4] = [BOOTSTRAP, NODE_OPERATOR, KUBE_PROXY, COREDNS];
+
+/// Operator-wide inputs of the add-ons.
+#[derive(Debug, Clone)]
+pub struct Settings<'a> {
+    /// Registry of the default images.
+    pub registry: &'a str,
+    /// The operator's own version: the default version of `bootstrap` and
+    /// `node-operator`.
+    pub operator_version: &'a str,
+    /// Image of the node-operator at `operator_version`.
+    pub node_operator_image: &'a str,
 }
 
-fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.into()),
-        namespace: namespace.map(Into::into),
-        labels: Some(
-            [(
-                "app.kubernetes.io/managed-by".to_string(),
-                "kube-on-kube-operator".to_string(),
-            )]
-            .into(),
-        ),
-        ..Default::default()
-    }
+/// One version of one add-on's template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    pub name: String,
+    pub version: String,
+    /// Multi-document YAML with `{{placeholders}}`.
+    pub text: String,
+    /// Values used where the Cluster gives none.
+    pub defaults: Map<String, Value>,
+    /// Where the template comes from, for messages.
+    pub source: String,
 }
 
-fn group(name: &str) -> Subject {
-    Subject {
-        kind: "Group".into(),
-        name: name.into(),
-        api_group: Some("rbac.authorization.k8s.io".into()),
-        namespace: None,
-    }
+/// A template ConfigMap that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Broken {
+    pub name: String,
+    pub source: String,
+    pub reason: String,
 }
 
-fn cluster_role_binding(name: &str, role: &str, subject: &str) -> ClusterRoleBinding {
-    ClusterRoleBinding {
-        metadata: meta(name, None),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: role.into(),
+/// The template a ConfigMap labelled [`TEMPLATE_LABEL`] registers.
+pub fn registered(cm: &ConfigMap) -> Result<Template, Broken> {
+    let name = cm.labels().get(TEMPLATE_LABEL).cloned().unwrap_or_default();
+    let source = format!(
+        "ConfigMap {}/{}",
+        cm.namespace().unwrap_or_default(),
+        cm.name_any()
+    );
+    let broken = |reason: String| Broken {
+        name: name.clone(),
+        source: source.clone(),
+        reason,
+    };
+    let data = cm.data.clone().unwrap_or_default();
+    let version = data
+        .get(VERSION_KEY)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| broken(format!("{source} has no {VERSION_KEY:?} key")))?;
+    let text = data
+        .get(TEMPLATE_KEY)
+        .cloned()
+        .ok_or_else(|| broken(format!("{source} has no {TEMPLATE_KEY:?} key")))?;
+    let defaults = match data.get(VALUES_KEY) {
+        None => Map::new(),
+        Some(text) => match serde_norway::from_str::<Value>(text) {
+            Ok(Value::Object(map)) => map,
+            Ok(Value::Null) => Map::new(),
+            Ok(_) => return Err(broken(format!("{source}: {VALUES_KEY} is not a map"))),
+            Err(e) => return Err(broken(format!("{source}: {VALUES_KEY}: {e}"))),
         },
-        subjects: Some(vec![group(subject)]),
+    };
+    Ok(Template {
+        name,
+        version,
+        text,
+        defaults,
+        source,
+    })
+}
+
+/// An add-on to apply: its template and the values it is rendered with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub name: String,
+    pub version: String,
+    pub template: Template,
+    /// The template's defaults with the Cluster's values merged over them.
+    pub values: Map<String, Value>,
+}
+
+/// What to do about one add-on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    Apply(Planned),
+    /// `enabled: false`: whatever it applied before is removed.
+    Disabled {
+        name: String,
+    },
+    /// The Cluster names a template that does not exist (or cannot be used);
+    /// whatever it applied before stays.
+    Invalid {
+        name: String,
+        version: String,
+        reason: String,
+    },
+}
+
+impl Plan {
+    /// The add-on's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Plan::Apply(p) => &p.name,
+            Plan::Disabled { name } | Plan::Invalid { name, .. } => name,
+        }
     }
 }
 
-/// The bootstrap objects for a cluster reachable at `server` with CA `ca_pem`.
-pub fn bootstrap(server: &str, ca_pem: &str) -> Bootstrap {
+/// The image reference `image` with its tag (or digest) replaced by `tag`.
+fn retag(image: &str, tag: &str) -> String {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let slash = without_digest.rfind('/').map_or(0, |i| i + 1);
+    let repo = match without_digest[slash..].find(':') {
+        Some(colon) => &without_digest[..slash + colon],
+        None => without_digest,
+    };
+    format!("{repo}:{tag}")
+}
+
+/// Default version of a built-in add-on.
+fn builtin_version(name: &str, cluster: &Cluster, settings: &Settings<'_>) -> String {
+    match name {
+        KUBE_PROXY => cluster.spec.version.clone(),
+        COREDNS => COREDNS_VERSION.to_string(),
+        _ => settings.operator_version.to_string(),
+    }
+}
+
+/// A built-in add-on's template at `version` (every version is accepted: it
+/// selects the image tag).
+fn builtin(
+    name: &str,
+    version: &str,
+    cluster: &Cluster,
+    settings: &Settings<'_>,
+) -> Option<Template> {
+    let registry = settings.registry;
+    let (text, defaults) = match name {
+        BOOTSTRAP => (include_str!("addons/bootstrap.yaml"), json!({})),
+        NODE_OPERATOR => {
+            let image = if version == settings.operator_version {
+                settings.node_operator_image.to_string()
+            } else {
+                retag(settings.node_operator_image, version)
+            };
+            (
+                include_str!("addons/node-operator.yaml"),
+                json!({"image": image, "replicas": 1, "logLevel": "info"}),
+            )
+        }
+        KUBE_PROXY => (
+            include_str!("addons/kube-proxy.yaml"),
+            json!({
+                "image": format!("{registry}/kube-proxy:v{version}"),
+                "mode": "iptables",
+                "clusterCIDR": cluster.spec.network.pod_cidr,
+            }),
+        ),
+        COREDNS => (
+            include_str!("addons/coredns.yaml"),
+            json!({
+                "image": format!("{registry}/coredns/coredns:v{version}"),
+                "replicas": 2,
+                "upstream": "/etc/resolv.conf",
+                "cache": 30,
+            }),
+        ),
+        _ => return None,
+    };
+    Some(Template {
+        name: name.to_string(),
+        version: version.to_string(),
+        text: text.to_string(),
+        defaults: defaults.as_object().cloned().unwrap_or_default(),
+        source: "built-in".into(),
+    })
+}
+
+/// Which add-ons the Cluster gets: the built-ins (unless disabled) in
+/// [`BUILTIN`] order, then the ones `spec.addons` adds, in its order. A
+/// registered template with a built-in's name and the asked version replaces
+/// the built-in one; templates earlier in `registered` win over later ones.
+pub fn plan(
+    cluster: &Cluster,
+    settings: &Settings<'_>,
+    registered: &[Template],
+    broken: &[Broken],
+) -> Vec<Plan> {
+    let entries = &cluster.spec.addons;
+    let mut names: Vec<&str> = BUILTIN.to_vec();
+    for entry in entries {
+        if !names.contains(&entry.name.as_str()) {
+            names.push(&entry.name);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let entry = entries.iter().find(|e| e.name == name);
+            if entry.is_some_and(|e| !e.enabled) {
+                return Plan::Disabled { name: name.into() };
+            }
+            let version = entry
+                .map(|e| e.version.clone())
+                .unwrap_or_else(|| builtin_version(name, cluster, settings));
+            let template = registered
+                .iter()
+                .find(|t| t.name == name && t.version == version)
+                .cloned()
+                .or_else(|| builtin(name, &version, cluster, settings));
+            let Some(template) = template else {
+                return Plan::Invalid {
+                    name: name.into(),
+                    reason: unknown(name, &version, registered, broken),
+                    version,
+                };
+            };
+            let mut values = template.defaults.clone();
+            if let Some(Value::Object(given)) = entry.and_then(|e| e.values.as_ref()) {
+                template::merge(&mut values, given);
+            }
+            Plan::Apply(Planned {
+                name: name.into(),
+                version,
+                template,
+                values,
+            })
+        })
+        .collect()
+}
+
+/// Why no template matches `name` at `version`, with what would.
+fn unknown(name: &str, version: &str, registered: &[Template], broken: &[Broken]) -> String {
+    let mut versions: Vec<&str> = registered
+        .iter()
+        .filter(|t| t.name == name)
+        .map(|t| t.version.as_str())
+        .collect();
+    versions.sort();
+    versions.dedup();
+    let mut reason = if versions.is_empty() {
+        format!(
+            "no add-on template named {name:?}: register one with a ConfigMap labelled {TEMPLATE_LABEL}={name}"
+        )
+    } else {
+        format!(
+            "add-on {name:?} has no version {version} (registered: {})",
+            versions.join(", ")
+        )
+    };
+    for b in broken.iter().filter(|b| b.name == name) {
+        reason.push_str(&format!("; {} is unusable: {}", b.source, b.reason));
+    }
+    reason
+}
+
+/// The tenth address of the Service CIDR, where CoreDNS answers (kubelets'
+/// `clusterDNS`).
+pub fn dns_ip(service_cidr: &str) -> Option<IpAddr> {
+    let (addr, prefix) = service_cidr.split_once('/')?;
+    let prefix: u32 = prefix.parse().ok()?;
+    match addr.parse::<IpAddr>().ok()? {
+        IpAddr::V4(v4) if prefix <= 28 => {
+            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+            Some(IpAddr::V4(Ipv4Addr::from((u32::from(v4) & mask) + 10)))
+        }
+        IpAddr::V6(v6) if prefix <= 124 => {
+            let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+            Some(IpAddr::V6(Ipv6Addr::from((u128::from(v6) & mask) + 10)))
+        }
+        _ => None,
+    }
+}
+
+/// What the placeholders of one cluster's templates can refer to, besides
+/// `values.*`.
+pub struct Facts<'a> {
+    pub names: &'a Names,
+    /// URL kubelets and users reach the business API at.
+    pub endpoint: &'a str,
+    /// PEM of the cluster CA.
+    pub ca_pem: &'a str,
+}
+
+/// The placeholder values of one add-on (see `docs/addons.md`).
+pub fn context(
+    planned: &Planned,
+    cluster: &Cluster,
+    facts: &Facts<'_>,
+    settings: &Settings<'_>,
+) -> Result<Value, String> {
     use base64::Engine;
-    // The kubeconfig kubelets discover the cluster with: no credentials.
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "", "cluster": {
-            "server": server,
-            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca_pem),
-        }}],
-        "contexts": [],
-        "users": [],
-    });
-    let cluster_info = ConfigMap {
-        metadata: meta("cluster-info", Some("kube-public")),
-        data: Some(
-            [(
-                "kubeconfig".to_string(),
-                serde_json::to_string_pretty(&kubeconfig).unwrap_or_default(),
-            )]
-            .into(),
-        ),
+    let network = &cluster.spec.network;
+    let service_cidr = &network.service_cidr;
+    let dns = dns_ip(service_cidr)
+        .ok_or_else(|| format!("network.serviceCIDR {service_cidr:?} has no tenth address"))?;
+    let kubernetes =
+        crate::certs::kubernetes_service_ip(service_cidr).map_err(|e| e.to_string())?;
+    let (host, port) = facts
+        .endpoint
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .unwrap_or((facts.endpoint, "443"));
+    Ok(json!({
+        "cluster": {
+            "name": facts.names.cluster,
+            "namespace": facts.names.namespace,
+            "version": cluster.spec.version,
+            "endpoint": facts.endpoint,
+            "endpointHost": host.trim_start_matches('[').trim_end_matches(']'),
+            "endpointPort": port,
+            "caData": base64::engine::general_purpose::STANDARD.encode(facts.ca_pem),
+        },
+        "network": {
+            "serviceCIDR": network.service_cidr,
+            "podCIDR": network.pod_cidr,
+            "dnsDomain": network.dns_domain,
+            "dnsIP": dns.to_string(),
+            "kubernetesIP": kubernetes.to_string(),
+        },
+        "registry": settings.registry,
+        "addon": {"name": planned.name, "version": planned.version},
+        "values": planned.values,
+    }))
+}
+
+/// The objects of one add-on in the business cluster and a hash of them.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub objects: Vec<DynamicObject>,
+    pub hash: String,
+}
+
+/// Render one add-on: substitute, parse, check every object names its kind
+/// and itself, label it as the add-on's. The node-operator's CRDs are added to
+/// its objects from the API types.
+pub fn render(
+    planned: &Planned,
+    cluster: &Cluster,
+    facts: &Facts<'_>,
+    settings: &Settings<'_>,
+) -> Result<Rendered, String> {
+    let from = &planned.template.source;
+    let values = context(planned, cluster, facts, settings)?;
+    let text = template::substitute(&planned.template.text, &values)
+        .map_err(|e| format!("template ({from}): {e}"))?;
+    let mut docs = template::documents(&text).map_err(|e| format!("template ({from}): {e}"))?;
+    if planned.name == NODE_OPERATOR {
+        for (_, crd) in kube_on_kube_api::crds()
+            .into_iter()
+            .filter(|(file, _)| *file != "cluster.yaml")
+        {
+            docs.push(serde_json::to_value(&crd).map_err(|e| e.to_string())?);
+        }
+    }
+    let mut objects = Vec::with_capacity(docs.len());
+    for (index, mut doc) in docs.into_iter().enumerate() {
+        let at = || format!("template ({from}), object {}", index + 1);
+        for field in ["apiVersion", "kind"] {
+            if !doc.get(field).is_some_and(Value::is_string) {
+                return Err(format!("{}: no {field}", at()));
+            }
+        }
+        if !doc.pointer("/metadata/name").is_some_and(Value::is_string) {
+            return Err(format!("{}: no metadata.name", at()));
+        }
+        if let Some(meta) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+            let labels = meta
+                .entry("labels")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(labels) = labels.as_object_mut() {
+                labels.insert(
+                    "app.kubernetes.io/managed-by".into(),
+                    "kube-on-kube-operator".into(),
+                );
+                labels.insert(ADDON_LABEL.into(), planned.name.clone().into());
+            }
+        }
+        let object: DynamicObject =
+            serde_json::from_value(doc).map_err(|e| format!("{}: {e}", at()))?;
+        objects.push(object);
+    }
+    let bytes = serde_json::to_vec(&objects).map_err(|e| e.to_string())?;
+    let hash = config_hash([
+        ("version", planned.version.as_bytes()),
+        ("objects", bytes.as_slice()),
+    ]);
+    Ok(Rendered { objects, hash })
+}
+
+fn string_value<'a>(values: &'a Map<String, Value>, key: &str, default: &'a str) -> &'a str {
+    values.get(key).and_then(Value::as_str).unwrap_or(default)
+}
+
+/// The node-operator's Deployment in the Cluster's namespace of the
+/// meta-cluster, pointed at the business API with its kubeconfig Secret.
+/// `config_hash` covers that Secret, so a renewed certificate restarts it.
+pub fn node_operator(
+    cluster: &Cluster,
+    names: &Names,
+    values: &Map<String, Value>,
+    config_hash: &str,
+) -> Deployment {
+    let container = Container {
+        name: "node-operator".into(),
+        image: Some(string_value(values, "image", "node-operator").into()),
+        args: Some(vec![
+            format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
+            format!("--log-level={}", string_value(values, "logLevel", "info")),
+        ]),
+        volume_mounts: Some(vec![control_plane::mount("kubeconfig", KUBECONFIG_DIR)]),
         ..Default::default()
     };
-    let cluster_info_role = Role {
-        metadata: meta(
-            "kube-on-kube:bootstrap-signer-clusterinfo",
-            Some("kube-public"),
-        ),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["configmaps".into()]),
-            resource_names: Some(vec!["cluster-info".into()]),
-            verbs: vec!["get".into()],
-            ..Default::default()
-        }]),
-    };
-    let cluster_info_binding = RoleBinding {
-        metadata: meta(
-            "kube-on-kube:bootstrap-signer-clusterinfo",
-            Some("kube-public"),
-        ),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "kube-on-kube:bootstrap-signer-clusterinfo".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".into(),
-            name: "system:anonymous".into(),
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            namespace: None,
-        }]),
-    };
-    let cluster_role_bindings = vec![
-        cluster_role_binding(
-            "kube-on-kube:kubelet-bootstrap",
-            "system:node-bootstrapper",
-            BOOTSTRAPPERS,
-        ),
-        cluster_role_binding(
-            "kube-on-kube:node-autoapprove-bootstrap",
-            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
-            BOOTSTRAPPERS,
-        ),
-        cluster_role_binding(
-            "kube-on-kube:node-autoapprove-certificate-rotation",
-            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
-            NODES,
-        ),
-        cluster_role_binding(
-            "kube-on-kube:node-operator",
-            "cluster-admin",
-            "kube-on-kube:node-operators",
-        ),
-    ];
-    Bootstrap {
-        cluster_info,
-        cluster_info_role,
-        cluster_info_binding,
-        cluster_role_bindings,
+    let mut deployment = control_plane::deployment(
+        cluster,
+        names,
+        Component::NodeOperator,
+        container,
+        vec![control_plane::kubeconfig_volume(names, "node-operator")],
+        config_hash,
+    );
+    let replicas = values
+        .get("replicas")
+        .and_then(Value::as_i64)
+        .and_then(|r| i32::try_from(r).ok())
+        .unwrap_or(1);
+    if let Some(spec) = deployment.spec.as_mut() {
+        spec.replicas = Some(replicas);
     }
+    deployment
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube_on_kube_api::cluster::Addon;
+
+    const SETTINGS: Settings<'static> = Settings {
+        registry: "registry.k8s.io",
+        operator_version: "0.1.0",
+        node_operator_image: "ghcr.io/kube-on-kube/node-operator:0.1.0",
+    };
+
+    fn production() -> Cluster {
+        serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+            .expect("example")
+    }
+
+    fn example_template() -> Template {
+        let cm: ConfigMap = serde_norway::from_str(include_str!(
+            "../../../../examples/addon-template-metrics-server.yaml"
+        ))
+        .expect("example template");
+        registered(&cm).expect("usable")
+    }
+
+    fn names(c: &Cluster) -> Names {
+        Names::new(c, "cluster.local")
+    }
+
+    fn applied(plans: &[Plan]) -> Vec<(String, String)> {
+        plans
+            .iter()
+            .filter_map(|p| match p {
+                Plan::Apply(p) => Some((p.name.clone(), p.version.clone())),
+                _ => None,
+            })
+            .collect()
+    }
 
     #[test]
-    fn cluster_info_is_a_credential_free_kubeconfig() {
-        let b = bootstrap("https://api.example.com:6443", "CA PEM");
-        let text = &b.cluster_info.data.expect("data")["kubeconfig"];
-        let parsed = kube::config::Kubeconfig::from_yaml(text).expect("kubeconfig");
-        assert!(parsed.auth_infos.is_empty());
+    fn builtins_follow_the_cluster_and_the_operator() {
+        let c = production();
+        let plans = plan(&c, &SETTINGS, &[example_template()], &[]);
         assert_eq!(
-            parsed.clusters[0]
-                .cluster
-                .as_ref()
-                .and_then(|c| c.server.as_deref()),
-            Some("https://api.example.com:6443")
+            applied(&plans),
+            vec![
+                ("bootstrap".into(), "0.1.0".into()),
+                ("node-operator".into(), "0.1.0".into()),
+                ("kube-proxy".into(), "1.35.4".into()),
+                ("coredns".into(), COREDNS_VERSION.into()),
+                ("metrics-server".into(), "0.7.2".into()),
+            ]
         );
-        let subjects = b.cluster_info_binding.subjects.expect("subjects");
-        assert_eq!(subjects[0].name, "system:anonymous");
-        let roles: Vec<_> = b
-            .cluster_role_bindings
+        let Plan::Apply(proxy) = &plans[2] else {
+            panic!("kube-proxy applied")
+        };
+        assert_eq!(proxy.values["image"], "registry.k8s.io/kube-proxy:v1.35.4");
+        let Plan::Apply(metrics) = &plans[4] else {
+            panic!("metrics-server applied")
+        };
+        // The Cluster's value wins over the template's default.
+        assert_eq!(metrics.values["replicas"], 2);
+    }
+
+    #[test]
+    fn versions_and_values_override_and_disabled_is_removed() {
+        let mut c = production();
+        c.spec.addons = vec![
+            Addon {
+                name: COREDNS.into(),
+                version: "1.11.3".into(),
+                values: Some(json!({"replicas": 3, "image": "mirror.local/coredns:x"})),
+                enabled: true,
+            },
+            Addon {
+                name: KUBE_PROXY.into(),
+                version: "1.35.4".into(),
+                values: None,
+                enabled: false,
+            },
+            Addon {
+                name: NODE_OPERATOR.into(),
+                version: "0.2.0".into(),
+                values: None,
+                enabled: true,
+            },
+        ];
+        let plans = plan(&c, &SETTINGS, &[], &[]);
+        assert_eq!(
+            plans[2],
+            Plan::Disabled {
+                name: KUBE_PROXY.into()
+            }
+        );
+        let Plan::Apply(dns) = &plans[3] else {
+            panic!("coredns applied")
+        };
+        assert_eq!(dns.version, "1.11.3");
+        assert_eq!(dns.values["image"], "mirror.local/coredns:x");
+        assert_eq!(dns.values["replicas"], 3);
+        assert_eq!(dns.values["upstream"], "/etc/resolv.conf");
+        let Plan::Apply(no) = &plans[1] else {
+            panic!("node-operator applied")
+        };
+        assert_eq!(
+            no.values["image"],
+            "ghcr.io/kube-on-kube/node-operator:0.2.0"
+        );
+    }
+
+    #[test]
+    fn unknown_names_and_versions_say_what_exists() {
+        let mut c = production();
+        c.spec.addons[0].version = "0.7.3".into();
+        c.spec.addons.push(Addon {
+            name: "nothing".into(),
+            version: "1.0.0".into(),
+            values: None,
+            enabled: true,
+        });
+        let broken = Broken {
+            name: "nothing".into(),
+            source: "ConfigMap a/b".into(),
+            reason: "ConfigMap a/b has no \"version\" key".into(),
+        };
+        let plans = plan(&c, &SETTINGS, &[example_template()], &[broken]);
+        let reasons: Vec<String> = plans
             .iter()
-            .map(|c| c.role_ref.name.as_str())
+            .filter_map(|p| match p {
+                Plan::Invalid { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
             .collect();
+        assert_eq!(reasons.len(), 2, "{plans:?}");
+        assert_eq!(
+            reasons[0],
+            "add-on \"metrics-server\" has no version 0.7.3 (registered: 0.7.2)"
+        );
         assert!(
-            roles.contains(&"system:certificates.k8s.io:certificatesigningrequests:nodeclient")
+            reasons[1].starts_with("no add-on template named \"nothing\"")
+                && reasons[1].contains("ConfigMap a/b is unusable"),
+            "{}",
+            reasons[1]
+        );
+    }
+
+    #[test]
+    fn registered_templates_need_a_version_and_a_template() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("x".into());
+        cm.metadata.namespace = Some("ns".into());
+        cm.metadata.labels = Some([(TEMPLATE_LABEL.to_string(), "x".to_string())].into());
+        cm.data = Some([(TEMPLATE_KEY.to_string(), "a: 1".to_string())].into());
+        let err = registered(&cm).expect_err("no version");
+        assert_eq!(err.reason, "ConfigMap ns/x has no \"version\" key");
+        cm.data = Some(
+            [
+                (VERSION_KEY.to_string(), "1.0.0".to_string()),
+                (TEMPLATE_KEY.to_string(), "a: 1".to_string()),
+                (VALUES_KEY.to_string(), "[1]".to_string()),
+            ]
+            .into(),
+        );
+        let err = registered(&cm).expect_err("values not a map");
+        assert!(err.reason.contains("not a map"), "{}", err.reason);
+    }
+
+    #[test]
+    fn dns_ip_is_the_tenth_address() {
+        assert_eq!(
+            dns_ip("10.96.0.0/12").map(|i| i.to_string()).as_deref(),
+            Some("10.96.0.10")
+        );
+        assert_eq!(
+            dns_ip("10.100.5.7/16").map(|i| i.to_string()).as_deref(),
+            Some("10.100.0.10")
+        );
+        assert_eq!(
+            dns_ip("fd00:10::/108").map(|i| i.to_string()).as_deref(),
+            Some("fd00:10::a")
+        );
+        assert_eq!(dns_ip("10.0.0.0/30"), None);
+        assert_eq!(dns_ip("nonsense"), None);
+    }
+
+    #[test]
+    fn images_are_retagged() {
+        assert_eq!(retag("r.io/a/b:1.0", "2.0"), "r.io/a/b:2.0");
+        assert_eq!(retag("localhost:5000/b", "2.0"), "localhost:5000/b:2.0");
+        assert_eq!(retag("b@sha256:00", "2.0"), "b:2.0");
+    }
+
+    fn render_all(c: &Cluster) -> Vec<(String, Rendered)> {
+        let n = names(c);
+        let facts = Facts {
+            names: &n,
+            endpoint: "https://api.prod-east.example.com:6443",
+            ca_pem: "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n",
+        };
+        plan(c, &SETTINGS, &[example_template()], &[])
+            .iter()
+            .filter_map(|p| match p {
+                Plan::Apply(p) => Some((
+                    p.name.clone(),
+                    render(p, c, &facts, &SETTINGS).expect("renders"),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn find<'a>(objects: &'a [DynamicObject], kind: &str, name: &str) -> &'a DynamicObject {
+        objects
+            .iter()
+            .find(|o| o.types.as_ref().is_some_and(|t| t.kind == kind) && o.name_any() == name)
+            .unwrap_or_else(|| panic!("{kind} {name}"))
+    }
+
+    #[test]
+    fn rendered_objects_carry_the_clusters_values() {
+        let mut c = production();
+        c.spec.network.dns_domain = "prod.internal".into();
+        c.spec.network.service_cidr = "172.20.0.0/16".into();
+        let all = render_all(&c);
+        let objects = |name: &str| &all.iter().find(|(n, _)| n == name).expect(name).1.objects;
+
+        let dns = objects(COREDNS);
+        let service = find(dns, "Service", "kube-dns");
+        assert_eq!(service.data["spec"]["clusterIP"], "172.20.0.10");
+        let corefile = find(dns, "ConfigMap", "coredns").data["data"]["Corefile"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            corefile.contains("kubernetes prod.internal in-addr.arpa"),
+            "{corefile}"
+        );
+        let deployment = find(dns, "Deployment", "coredns");
+        assert_eq!(deployment.data["spec"]["replicas"], 2);
+        assert_eq!(
+            deployment.data["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.k8s.io/coredns/coredns:v1.12.1"
+        );
+
+        let proxy = objects(KUBE_PROXY);
+        let kubeconfig = find(proxy, "ConfigMap", "kube-proxy").data["data"]["kubeconfig.conf"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            kubeconfig.contains("server: https://api.prod-east.example.com:6443"),
+            "{kubeconfig}"
+        );
+        find(proxy, "DaemonSet", "kube-proxy");
+
+        let bootstrap = objects(BOOTSTRAP);
+        let info = find(bootstrap, "ConfigMap", "cluster-info").data["data"]["kubeconfig"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let parsed = kube::config::Kubeconfig::from_yaml(&info).expect("kubeconfig");
+        assert!(parsed.auth_infos.is_empty());
+        let cluster = parsed.clusters[0].cluster.as_ref().expect("cluster");
+        assert_eq!(
+            cluster.server.as_deref(),
+            Some("https://api.prod-east.example.com:6443")
+        );
+        assert!(cluster.certificate_authority_data.is_some());
+
+        let crds = objects(NODE_OPERATOR)
+            .iter()
+            .filter(|o| {
+                o.types
+                    .as_ref()
+                    .is_some_and(|t| t.kind == "CustomResourceDefinition")
+            })
+            .count();
+        assert_eq!(crds, kube_on_kube_api::crds().len() - 1);
+        for (name, rendered) in &all {
+            for o in &rendered.objects {
+                assert_eq!(o.labels().get(ADDON_LABEL), Some(name), "{o:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_hash_follows_content_and_version() {
+        let c = production();
+        let a = render_all(&c);
+        let b = render_all(&c);
+        let mut changed = c.clone();
+        changed.spec.network.dns_domain = "other.local".into();
+        let d = render_all(&changed);
+        let hash = |all: &[(String, Rendered)], name: &str| {
+            all.iter()
+                .find(|(n, _)| n == name)
+                .expect(name)
+                .1
+                .hash
+                .clone()
+        };
+        assert_eq!(hash(&a, COREDNS), hash(&b, COREDNS));
+        assert_ne!(hash(&a, COREDNS), hash(&d, COREDNS));
+        assert_eq!(hash(&a, KUBE_PROXY), hash(&d, KUBE_PROXY));
+    }
+
+    #[test]
+    fn template_errors_name_the_template() {
+        let c = production();
+        let n = names(&c);
+        let facts = Facts {
+            names: &n,
+            endpoint: "https://x:6443",
+            ca_pem: "",
+        };
+        let mut t = example_template();
+        t.text =
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\ndata: {x: '{{values.nope}}'}\n"
+                .into();
+        let planned = Planned {
+            name: t.name.clone(),
+            version: t.version.clone(),
+            template: t.clone(),
+            values: Map::new(),
+        };
+        let err = render(&planned, &c, &facts, &SETTINGS).expect_err("missing value");
+        assert!(err.contains("no value for values.nope"), "{err}");
+        assert!(err.contains("ConfigMap clusters/"), "{err}");
+        let mut no_kind = planned.clone();
+        no_kind.template.text = "apiVersion: v1\nmetadata: {name: a}\n".into();
+        let err = render(&no_kind, &c, &facts, &SETTINGS).expect_err("no kind");
+        assert!(err.ends_with("object 1: no kind"), "{err}");
+    }
+
+    #[test]
+    fn node_operator_runs_with_its_kubeconfig_next_to_the_control_plane() {
+        let c = production();
+        let n = names(&c);
+        let values = json!({"image": "img:1", "replicas": 1, "logLevel": "debug"});
+        let d = node_operator(&c, &n, values.as_object().expect("object"), "h");
+        assert_eq!(d.metadata.name.as_deref(), Some("prod-east-node-operator"));
+        assert_eq!(d.metadata.namespace.as_deref(), Some("clusters"));
+        assert!(d.metadata.owner_references.is_some());
+        let spec = d.spec.expect("spec");
+        assert_eq!(spec.replicas, Some(1));
+        let pod = spec.template.spec.expect("pod");
+        assert!(pod.node_selector.is_some(), "placed like the control plane");
+        let container = &pod.containers[0];
+        assert_eq!(container.image.as_deref(), Some("img:1"));
+        assert!(
+            container
+                .args
+                .iter()
+                .flatten()
+                .any(|a| a == "--log-level=debug")
+        );
+        let volumes = pod.volumes.expect("volumes");
+        let projected = volumes[0].projected.as_ref().expect("projected");
+        let secret = projected.sources.as_ref().expect("sources")[0]
+            .secret
+            .as_ref()
+            .expect("secret");
+        assert_eq!(secret.name, "prod-east-node-operator-kubeconfig");
+    }
+
+    /// Rendered built-in add-ons of the production example, compared with the
+    /// files under `src/render/addons/golden/`; `KOK_UPDATE_GOLDEN=1` rewrites
+    /// them.
+    #[test]
+    fn golden_files() {
+        let c = production();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/render/addons/golden");
+        let update = std::env::var_os("KOK_UPDATE_GOLDEN").is_some();
+        let mut outputs: Vec<(String, String)> = render_all(&c)
+            .into_iter()
+            .map(|(name, r)| {
+                let objects: Vec<_> = r
+                    .objects
+                    .into_iter()
+                    .filter(|o| {
+                        o.types
+                            .as_ref()
+                            .is_none_or(|t| t.kind != "CustomResourceDefinition")
+                    })
+                    .collect();
+                let text = objects
+                    .iter()
+                    .map(|o| serde_norway::to_string(o).expect("yaml"))
+                    .collect::<Vec<_>>()
+                    .join("---\n");
+                (format!("{name}.yaml"), text)
+            })
+            .collect();
+        let n = names(&c);
+        let values = plan(&c, &SETTINGS, &[], &[])
+            .into_iter()
+            .find_map(|p| match p {
+                Plan::Apply(p) if p.name == NODE_OPERATOR => Some(p.values),
+                _ => None,
+            })
+            .expect("node-operator");
+        outputs.push((
+            "node-operator-deployment.yaml".into(),
+            serde_norway::to_string(&node_operator(&c, &n, &values, "hash")).expect("yaml"),
+        ));
+        let mut mismatched = Vec::new();
+        for (file, text) in outputs {
+            let path = dir.join(&file);
+            if update {
+                std::fs::create_dir_all(&dir).expect("golden dir");
+                std::fs::write(&path, &text).expect("write golden");
+            } else if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                mismatched.push(file);
+            }
+        }
+        assert!(
+            mismatched.is_empty(),
+            "rendered add-ons differ from {}: {mismatched:?} (KOK_UPDATE_GOLDEN=1 rewrites them)",
+            dir.display()
         );
     }
 }
