@@ -3,6 +3,7 @@
 //! and keeps every host's packages at their declared versions over SSH.
 
 pub mod bootstrap;
+pub mod canary;
 pub mod controller;
 pub mod cpv;
 pub mod drain;
