@@ -23,9 +23,9 @@ use time::OffsetDateTime;
 
 use crate::names::{Component, Names};
 use crate::render::config_hash;
-use crate::render::control_plane::{self, PodInputs};
+use crate::render::control_plane;
 use crate::render::etcd;
-use crate::{Error, addons, certs, secrets, status};
+use crate::{Error, addons, certs, rollout, secrets, status};
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
@@ -295,6 +295,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             version: &version,
             etcd_version: &etcd_version,
             etcd: None,
+            upgrade: None,
         };
         let status = status::build(&cluster, &names, &observed, Timestamp::now());
         kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
@@ -384,77 +385,23 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let etcd_report = crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets).await?;
     let etcd_pods = etcd_report.pods.clone();
 
-    // The stateless control plane.
-    let image = |component: &str, spec: &kube_on_kube_api::cluster::ComponentSpec| {
-        spec.image.clone().unwrap_or_else(|| {
-            format!(
-                "{}/{component}:v{}",
-                ctx.config.registry,
-                spec.version.clone().unwrap_or_else(|| version.clone())
-            )
-        })
-    };
-    let api_image = image("kube-apiserver", &spec.api_server.component);
-    let api_secrets = [
-        names.ca_secret(),
-        names.cert_secret("apiserver-tls"),
-        names.cert_secret("apiserver-etcd-client"),
-        names.cert_secret("apiserver-kubelet-client"),
-        names.cert_secret("front-proxy-client"),
-        names.service_account_secret(),
-    ];
-    let hash = hash_of(&all_secrets, &api_secrets, &api_image);
-    let apiserver = apply(
-        &deployments_api,
-        &control_plane::apiserver(
-            &cluster,
-            &names,
-            &PodInputs {
-                image: &api_image,
-                config_hash: &hash,
-            },
-        ),
-    )
-    .await?;
-    let cm_image = image("kube-controller-manager", &spec.controller_manager);
-    let hash = hash_of(
+    // The stateless control plane, upgraded in order behind etcd.
+    let pods = list(&pods_api, &names.cluster).await?;
+    let etcd_settled = crate::etcd::settled(&etcd_report);
+    let rollout::Outcome {
+        apiserver,
+        controller_manager,
+        scheduler,
+        plan: upgrade_plan,
+    } = rollout::reconcile(
+        &ctx,
+        &cluster,
+        &names,
         &all_secrets,
-        &[
-            names.ca_secret(),
-            names.front_proxy_ca_secret(),
-            names.service_account_secret(),
-            names.kubeconfig_secret("controller-manager"),
-        ],
-        &cm_image,
-    );
-    let controller_manager = apply(
-        &deployments_api,
-        &control_plane::controller_manager(
-            &cluster,
-            &names,
-            &PodInputs {
-                image: &cm_image,
-                config_hash: &hash,
-            },
-        ),
-    )
-    .await?;
-    let sched_image = image("kube-scheduler", &spec.scheduler);
-    let hash = hash_of(
-        &all_secrets,
-        &[names.kubeconfig_secret("scheduler")],
-        &sched_image,
-    );
-    let scheduler = apply(
-        &deployments_api,
-        &control_plane::scheduler(
-            &cluster,
-            &names,
-            &PodInputs {
-                image: &sched_image,
-                config_hash: &hash,
-            },
-        ),
+        &deployments,
+        &pods,
+        etcd_settled,
+        &etcd_version,
     )
     .await?;
 
@@ -465,7 +412,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0)
         > 0;
-    let addons = if api_ready && certificates_error.is_none() {
+    // Add-ons follow the control plane: not while it upgrades or refuses a version.
+    let addons = if api_ready && certificates_error.is_none() && upgrade_plan.addons {
         let inputs = addons::Inputs {
             cluster: &cluster,
             names: &names,
@@ -490,6 +438,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         version: &version,
         etcd_version: &etcd_version,
         etcd: Some(&etcd_report),
+        upgrade: Some(&upgrade_plan),
     };
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);

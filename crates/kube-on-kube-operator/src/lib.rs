@@ -12,8 +12,10 @@ pub mod membership;
 pub mod names;
 pub mod pki;
 pub mod render;
+pub mod rollout;
 pub mod secrets;
 pub mod status;
+pub mod upgrade;
 
 pub use controller::{Context, run};
 pub use error::Error;

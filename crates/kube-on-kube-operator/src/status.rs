@@ -10,7 +10,7 @@ use kube_on_kube_api::cluster::{
     Cluster, ClusterPhase, ClusterStatus, ComponentStatus, ComponentStatuses, EtcdMemberStatus,
 };
 
-use crate::names::Names;
+use crate::names::{Component, Names};
 
 /// Condition types.
 pub const ETCD_READY: &str = "EtcdReady";
@@ -20,6 +20,9 @@ pub const SCHEDULER_READY: &str = "SchedulerReady";
 pub const ADDONS_READY: &str = "AddonsReady";
 pub const CERTIFICATES_READY: &str = "CertificatesReady";
 pub const READY: &str = "Ready";
+/// True while a version upgrade rolls through the components; False with the
+/// reason when a version change was refused.
+pub const PROGRESSING: &str = "Progressing";
 
 /// What the reconcile saw and did.
 pub struct Observed<'a> {
@@ -35,6 +38,9 @@ pub struct Observed<'a> {
     pub addons: Option<crate::addons::Report>,
     pub version: &'a str,
     pub etcd_version: &'a str,
+    /// The control-plane upgrade plan of this reconcile (None while paused):
+    /// the versions that run, upgrade progress, a refused version change.
+    pub upgrade: Option<&'a crate::upgrade::Plan>,
     /// What the etcd step found (None while paused: then the Pods tell).
     pub etcd: Option<&'a crate::etcd::Report>,
 }
@@ -95,6 +101,21 @@ pub fn build(
         controller_manager: deployment(observed.controller_manager, desired, observed.version),
         scheduler: deployment(observed.scheduler, desired, observed.version),
     };
+    let mut components = components;
+    if let Some(plan) = observed.upgrade {
+        // What actually runs: the live template's version once every replica
+        // runs it, nothing while a rollout mixes versions.
+        for (c, slot) in [
+            (Component::ApiServer, &mut components.api_server),
+            (
+                Component::ControllerManager,
+                &mut components.controller_manager,
+            ),
+            (Component::Scheduler, &mut components.scheduler),
+        ] {
+            slot.version = plan.running(c).map(str::to_string);
+        }
+    }
     let mut conditions = cluster
         .status
         .as_ref()
@@ -217,26 +238,49 @@ pub fn build(
         },
     );
 
+    if let Some(plan) = observed.upgrade {
+        let (status, reason) = match (&plan.refused, plan.upgrading) {
+            (Some(_), _) => ("False", "VersionChangeRefused"),
+            (None, true) => ("True", crate::upgrade::UPGRADING),
+            (None, false) => ("False", "UpToDate"),
+        };
+        conditions::set(
+            &mut conditions,
+            Desired {
+                type_: PROGRESSING,
+                status,
+                reason,
+                message: plan.message.clone(),
+            },
+            generation,
+            now,
+        );
+    }
+
     let previous_phase = cluster.status.as_ref().and_then(|s| s.phase);
     let ever_ready = matches!(
         previous_phase,
         Some(ClusterPhase::Running) | Some(ClusterPhase::Upgrading) | Some(ClusterPhase::Degraded)
     );
-    let upgrading = [
-        &components.api_server,
-        &components.controller_manager,
-        &components.scheduler,
-    ]
-    .iter()
-    .any(|c| c.version.is_none() && c.ready_replicas > 0);
+    let upgrading = match observed.upgrade {
+        Some(plan) => plan.upgrading,
+        None => [
+            &components.api_server,
+            &components.controller_manager,
+            &components.scheduler,
+        ]
+        .iter()
+        .any(|c| c.version.is_none() && c.ready_replicas > 0),
+    };
+    let refused = observed.upgrade.is_some_and(|p| p.refused.is_some());
     let phase = if cluster.spec.paused {
         ClusterPhase::Paused
-    } else if observed.certificates_error.is_some() {
+    } else if observed.certificates_error.is_some() || refused {
         ClusterPhase::Failed
-    } else if all {
-        ClusterPhase::Running
     } else if ever_ready && upgrading {
         ClusterPhase::Upgrading
+    } else if all {
+        ClusterPhase::Running
     } else if ever_ready {
         ClusterPhase::Degraded
     } else {
@@ -338,6 +382,7 @@ mod tests {
                 }),
                 version: "1.35.4",
                 etcd_version: "3.6.16",
+                upgrade: None,
                 etcd: None,
             },
             Timestamp::UNIX_EPOCH,
@@ -378,6 +423,7 @@ mod tests {
                 addons: None,
                 version: "1.35.4",
                 etcd_version: "3.6.16",
+                upgrade: None,
                 etcd: None,
             },
             Timestamp::UNIX_EPOCH,

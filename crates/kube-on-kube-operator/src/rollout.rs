@@ -1,0 +1,220 @@
+//! The rollout of the stateless control plane, a step of the reconcile: reads
+//! the live kube-apiserver, kube-controller-manager and kube-scheduler
+//! Deployments and etcd's state, asks the upgrade plan which image each template gets, and
+//! applies the three Deployments (each with the hash of the Secrets it mounts,
+//! so rotated certificates roll its Pods), publishing the upgrade's Events.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::ComponentSpec;
+use kube_on_kube_api::shared::COMPONENT_LABEL;
+
+use crate::controller::{Context, apply, hash_of, publish};
+use crate::names::{Component, Names};
+use crate::render::control_plane::{self, PodInputs};
+use crate::upgrade::{self, Live, Plan, Step};
+use crate::{Error, status};
+
+/// What the step applied, and the plan behind it.
+pub struct Outcome {
+    pub apiserver: Deployment,
+    pub controller_manager: Deployment,
+    pub scheduler: Deployment,
+    pub plan: Plan,
+}
+
+/// The image the spec asks for one component: its own image, else the
+/// registry's image at its own version or the cluster's.
+pub fn desired_image(
+    registry: &str,
+    name: &str,
+    spec: &ComponentSpec,
+    cluster_version: &str,
+) -> String {
+    spec.image.clone().unwrap_or_else(|| {
+        format!(
+            "{registry}/{name}:v{}",
+            spec.version.as_deref().unwrap_or(cluster_version)
+        )
+    })
+}
+
+fn component_spec(cluster: &Cluster, component: Component) -> &ComponentSpec {
+    let spec = &cluster.spec;
+    match component {
+        Component::ControllerManager => &spec.controller_manager,
+        Component::Scheduler => &spec.scheduler,
+        _ => &spec.api_server.component,
+    }
+}
+
+/// Secrets each component mounts (their content goes into its config hash).
+fn mounted_secrets(names: &Names, component: Component) -> Vec<String> {
+    match component {
+        Component::ControllerManager => vec![
+            names.ca_secret(),
+            names.front_proxy_ca_secret(),
+            names.service_account_secret(),
+            names.kubeconfig_secret("controller-manager"),
+        ],
+        Component::Scheduler => vec![names.kubeconfig_secret("scheduler")],
+        _ => vec![
+            names.ca_secret(),
+            names.cert_secret("apiserver-tls"),
+            names.cert_secret("apiserver-etcd-client"),
+            names.cert_secret("apiserver-kubelet-client"),
+            names.cert_secret("front-proxy-client"),
+            names.service_account_secret(),
+        ],
+    }
+}
+
+fn render(
+    cluster: &Cluster,
+    names: &Names,
+    component: Component,
+    pod: &PodInputs<'_>,
+) -> Deployment {
+    match component {
+        Component::ControllerManager => control_plane::controller_manager(cluster, names, pod),
+        Component::Scheduler => control_plane::scheduler(cluster, names, pod),
+        _ => control_plane::apiserver(cluster, names, pod),
+    }
+}
+
+/// Whether the last status said an upgrade was in progress.
+fn was_upgrading(cluster: &Cluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.condition(status::PROGRESSING))
+        .is_some_and(|c| c.status == "True" && c.reason == upgrade::UPGRADING)
+}
+
+/// The component versions the last status reported, in [`upgrade::ORDER`].
+fn previous_versions(cluster: &Cluster) -> Vec<Option<String>> {
+    let components = cluster.status.as_ref().and_then(|s| s.components.as_ref());
+    upgrade::ORDER
+        .iter()
+        .map(|c| {
+            components.and_then(|cs| match c {
+                Component::ControllerManager => cs.controller_manager.version.clone(),
+                Component::Scheduler => cs.scheduler.version.clone(),
+                _ => cs.api_server.version.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The upgrade plan's inputs from what was read.
+pub fn inputs(
+    cluster: &Cluster,
+    names: &Names,
+    registry: &str,
+    deployments: &BTreeMap<String, Deployment>,
+    pods: &[Pod],
+    etcd_settled: bool,
+    etcd_version: &str,
+) -> upgrade::Inputs {
+    let version = &cluster.spec.version;
+    let steps = upgrade::ORDER
+        .iter()
+        .map(|&component| {
+            let spec = component_spec(cluster, component);
+            let component_pods: Vec<Pod> = pods
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(COMPONENT_LABEL))
+                        .map(String::as_str)
+                        == Some(component.as_str())
+                })
+                .cloned()
+                .collect();
+            Step {
+                component,
+                desired_image: desired_image(
+                    registry,
+                    upgrade::display_name(component),
+                    spec,
+                    version,
+                ),
+                desired_version: spec.version.clone().unwrap_or_else(|| version.clone()),
+                live: deployments
+                    .get(&names.deployment(component))
+                    .and_then(|d| Live::of(d, upgrade::terminating_pods(&component_pods))),
+            }
+        })
+        .collect();
+    upgrade::Inputs {
+        etcd_settled,
+        etcd_version: etcd_version.to_string(),
+        steps,
+        was_upgrading: was_upgrading(cluster),
+    }
+}
+
+/// Plan and apply the three Deployments. `pods` are the cluster's Pods (etcd
+/// members and control-plane replicas), `etcd_settled` whether etcd runs its
+/// desired version healthy on every member.
+#[allow(clippy::too_many_arguments)]
+pub async fn reconcile(
+    ctx: &Context,
+    cluster: &Cluster,
+    names: &Names,
+    secrets: &BTreeMap<String, Secret>,
+    deployments: &BTreeMap<String, Deployment>,
+    pods: &[Pod],
+    etcd_settled: bool,
+    etcd_version: &str,
+) -> Result<Outcome, Error> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let inputs = inputs(
+        cluster,
+        names,
+        &ctx.config.registry,
+        deployments,
+        pods,
+        etcd_settled,
+        etcd_version,
+    );
+    let plan = upgrade::plan(&inputs);
+    for note in upgrade::events(&inputs, &plan, &previous_versions(cluster)) {
+        let type_ = if note.reason == "UpgradeRefused" {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(ctx, cluster, type_, note.reason, "Upgrade", note.note).await;
+    }
+    let apply_one = async |component: Component| -> Result<Deployment, Error> {
+        let image = plan.image(component).unwrap_or_default();
+        let hash = hash_of(secrets, &mounted_secrets(names, component), image);
+        let desired = render(
+            cluster,
+            names,
+            component,
+            &PodInputs {
+                image,
+                config_hash: &hash,
+            },
+        );
+        apply(&api, &desired).await
+    };
+    let apiserver = apply_one(Component::ApiServer).await?;
+    let controller_manager = apply_one(Component::ControllerManager).await?;
+    let scheduler = apply_one(Component::Scheduler).await?;
+    Ok(Outcome {
+        apiserver,
+        controller_manager,
+        scheduler,
+        plan,
+    })
+}
