@@ -13,8 +13,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kube_on_kube_api::{CanaryRelease, ClusterPackageVersion, Machine};
-use serde::de::DeserializeOwned;
+use kube_on_kube_api::{ClusterPackageVersion, Machine};
 use tokio::sync::Semaphore;
 
 use crate::Error;
@@ -189,7 +188,7 @@ pub async fn run_with(
     futures::join!(
         machines(&client, concurrency, &ctx),
         crate::cpv::run(client.clone()),
-        controller::<CanaryRelease>("canaryrelease", &client, concurrency, &ctx),
+        crate::canary::run(client.clone()),
     );
 }
 
@@ -230,18 +229,6 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
         .shutdown_on_signal()
         .run(crate::machine::reconcile, machine_error_policy, ctx.clone());
     kok_common::controller::drive("machine", stream).await;
-}
-
-async fn controller<K>(name: &'static str, client: &Client, concurrency: u16, ctx: &Arc<Context>)
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-{
-    let config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    let stream = Controller::new(Api::<K>::all(client.clone()), watcher::Config::default())
-        .with_config(config)
-        .shutdown_on_signal()
-        .run(observe::<K>, error_policy::<K>, ctx.clone());
-    kok_common::controller::drive(name, stream).await;
 }
 
 /// Observe one object of any of the watched kinds.
