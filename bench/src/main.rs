@@ -1,5 +1,6 @@
 //! `kok-bench`: the benchmarks of `bench/README.md`, one subcommand each.
 
+mod fleet;
 mod measure;
 mod packages;
 mod provision;
@@ -20,6 +21,9 @@ enum Command {
     /// Install three packages on N SSH test hosts with node-operator and with
     /// an equivalent Ansible playbook, at the same parallelism.
     Provision(provision::Args),
+    /// Apply 10, 100, 300 Clusters at once to a meta-cluster with simulated
+    /// Pods and measure time to converged, operator CPU and memory.
+    Fleet(fleet::Args),
 }
 
 #[tokio::main]
@@ -27,5 +31,18 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Provision(args) => provision::run(args).await,
+        Command::Fleet(args) => fleet::run(args).await,
     }
+}
+
+/// Appends `table` to `out`, when given.
+fn append(out: Option<&std::path::Path>, table: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let Some(out) = out else { return Ok(()) };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)?;
+    writeln!(file, "{table}")?;
+    Ok(())
 }

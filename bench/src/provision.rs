@@ -3,7 +3,6 @@
 //! (`bench/ansible/provision.yml`), at the same parallelism. Every run starts
 //! from fresh, empty hosts, and the tools take turns going first.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -84,15 +83,7 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let table = table(&args, &results);
     println!("{table}");
-    if let Some(out) = &args.out {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(out)
-            .with_context(|| format!("open {}", out.display()))?;
-        writeln!(file, "{table}")?;
-    }
-    Ok(())
+    crate::append(args.out.as_deref(), &table)
 }
 
 async fn one_run(tool: Tool, args: &Args, playbook_bin: &Path) -> Result<Cost> {

@@ -1,0 +1,269 @@
+//! Benchmark 2: fleet scale with simulated Pods. N Clusters are applied at
+//! once to a fresh meta-cluster whose nodes are kwok's (Pods turn Running and
+//! Ready without running anything); the operator runs as its own process and
+//! the time until every Cluster has all its objects with its control-plane
+//! Pods Ready is measured, with the operator's CPU seconds and memory.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use kok_testenv::kube_env::{KubeEnv, Options};
+use kube::api::{Api, ListParams, PostParams};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::ClusterMode;
+
+use crate::measure::median;
+
+/// Flags of `kok-bench fleet`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Fleet sizes, one fresh meta-cluster each.
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 300])]
+    pub clusters: Vec<usize>,
+    /// Runs of each size; the table reports medians.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Mode of every Cluster (Minimal: 4 Pods each; Production: 12).
+    #[arg(long, default_value = "Minimal")]
+    pub mode: String,
+    /// kwok nodes of the meta-cluster.
+    #[arg(long, default_value_t = 20)]
+    pub nodes: usize,
+    /// Give up on a run after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Append the results table to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// One run of one size.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    clusters: usize,
+    seconds: f64,
+    cpu_s: f64,
+    idle_rss_mib: f64,
+    peak_rss_mib: f64,
+}
+
+impl Sample {
+    fn mib_per_cluster(&self) -> f64 {
+        (self.peak_rss_mib - self.idle_rss_mib) / self.clusters as f64
+    }
+    fn cpu_ms_per_cluster(&self) -> f64 {
+        self.cpu_s * 1000.0 / self.clusters as f64
+    }
+}
+
+/// Runs the benchmark and prints (and optionally appends) the table.
+pub async fn run(args: Args) -> Result<()> {
+    let mode: ClusterMode = serde_json::from_value(serde_json::json!(args.mode))
+        .with_context(|| format!("unknown mode {}", args.mode))?;
+    let operator = sibling("kube-on-kube-operator")?;
+    let mut samples = Vec::new();
+    for &n in &args.clusters {
+        for run in 0..args.runs {
+            let sample = one_run(&args, &operator, n, mode).await?;
+            eprintln!(
+                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, rss idle {:.1} MiB peak {:.1} MiB",
+                run + 1,
+                args.runs,
+                sample.seconds,
+                sample.cpu_s,
+                sample.idle_rss_mib,
+                sample.peak_rss_mib
+            );
+            samples.push(sample);
+        }
+    }
+    let table = table(&args, &samples);
+    println!("{table}");
+    crate::append(args.out.as_deref(), &table)
+}
+
+async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -> Result<Sample> {
+    let env = KubeEnv::start(Options {
+        controller_manager: true,
+        scheduler: true,
+        kwok_nodes: args.nodes,
+        install_crds: true,
+    })
+    .context("start the meta-cluster")?;
+    let client = env.client().await;
+    let ns = env.namespace("fleet").await;
+    let log = std::fs::File::create(env.log_dir().join("kube-on-kube-operator.log"))?;
+    let mut child = Command::new(operator)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .arg("--namespace")
+        .arg(&ns)
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .with_context(|| format!("start {}", operator.display()))?;
+    let pid = child.id();
+    let result = async {
+        // Connected and idle: the baseline every Cluster adds to.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let idle = proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
+        let cpu_before = cpu_seconds(pid)?;
+        let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+        let started = Instant::now();
+        let creates = (0..n).map(|i| {
+            let api = api.clone();
+            let cluster = cluster(&ns, &format!("c{i:03}"), mode);
+            async move { api.create(&PostParams::default(), &cluster).await }
+        });
+        for result in futures::future::join_all(creates).await {
+            result.context("create a Cluster")?;
+        }
+        let deadline = started + Duration::from_secs(args.timeout);
+        loop {
+            let clusters = api.list(&ListParams::default()).await?.items;
+            let done = clusters.iter().filter(|c| converged(c)).count();
+            if done == n {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{done}/{n} Clusters converged after {}s", args.timeout);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        Ok(Sample {
+            clusters: n,
+            seconds,
+            cpu_s: cpu_seconds(pid)? - cpu_before,
+            idle_rss_mib: idle,
+            peak_rss_mib: proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0,
+        })
+    }
+    .await;
+    stop(&mut child);
+    result
+}
+
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Every component condition True: all the Cluster's objects exist and its
+/// control-plane Pods are Ready. (Add-ons need a business API that answers,
+/// which simulated Pods do not have.)
+fn converged(cluster: &Cluster) -> bool {
+    let Some(status) = &cluster.status else {
+        return false;
+    };
+    [
+        "EtcdReady",
+        "APIServerReady",
+        "ControllerManagerReady",
+        "SchedulerReady",
+        "CertificatesReady",
+    ]
+    .iter()
+    .all(|t| status.condition(t).is_some_and(|c| c.status == "True"))
+}
+
+fn cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {
+    let mut c: Cluster =
+        serde_norway::from_str(include_str!("../../examples/cluster-minimal.yaml"))
+            .expect("the minimal example parses");
+    c.metadata.namespace = Some(ns.into());
+    c.metadata.name = Some(name.into());
+    c.spec.mode = mode;
+    c.spec.placement = None;
+    c.spec.etcd.storage =
+        serde_json::from_value(serde_json::json!({"volumeSource": {"emptyDir": {}}}))
+            .expect("storage");
+    c
+}
+
+/// A binary built next to this one (`cargo build --release` puts them side by side).
+pub fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe
+        .parent()
+        .map(|d| d.join(name))
+        .context("no directory of the running binary")?;
+    if !path.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p {name}`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("the operator (pid {pid}) is gone"))?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// User + system CPU seconds of a process, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> f64 { fields.get(i).and_then(|v| v.parse().ok()).unwrap_or(0.0) };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((ticks(11) + ticks(12)) / hz)
+}
+
+fn table(args: &Args, samples: &[Sample]) -> String {
+    let mut out = format!(
+        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|\n",
+        args.mode, args.runs
+    );
+    for &n in &args.clusters {
+        let of = |f: fn(&Sample) -> f64| {
+            median(
+                &samples
+                    .iter()
+                    .filter(|s| s.clusters == n)
+                    .map(f)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        out.push_str(&format!(
+            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.2} |\n",
+            of(|s| s.seconds),
+            of(|s| s.cpu_s),
+            of(Sample::cpu_ms_per_cluster),
+            of(|s| s.peak_rss_mib),
+            of(Sample::mib_per_cluster),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_of_this_process_is_read() {
+        let pid = std::process::id();
+        let before = cpu_seconds(pid).unwrap();
+        let mut x = 0u64;
+        for i in 0..100_000_000u64 {
+            x = x.wrapping_add(i ^ (i >> 3));
+        }
+        std::hint::black_box(x);
+        assert!(cpu_seconds(pid).unwrap() > before);
+        assert!(proc_status_kib(pid, "VmHWM:").unwrap() > 0);
+    }
+}
