@@ -1,0 +1,444 @@
+//! Helpers the real-cluster tests share: the Pod runner, the operator run as
+//! a Pod of the meta-cluster, a test Cluster on the runner's nodes, a client
+//! of the business API, a poller that counts failed business API calls, and
+//! etcdctl against the members.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
+use kok_testenv::wait::wait_for;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::{ClusterMode, Placement};
+use serde_json::json;
+
+/// Start a Pod runner with three control-plane nodes, the operator's binary
+/// and `programs` (image name, optionally with a tag → program).
+pub fn start_runner(programs: Vec<(String, PathBuf)>) -> PodRunner {
+    let operator = env!("CARGO_BIN_EXE_kube-on-kube-operator");
+    let mut all: std::collections::BTreeMap<String, PathBuf> =
+        [("kube-on-kube-operator".to_string(), operator.into())].into();
+    all.extend(programs);
+    PodRunner::start(
+        KubeEnv::shared(),
+        Options {
+            nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
+            programs: all,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("the Pod runner did not start: {e}"))
+}
+
+/// A ServiceAccount `operator` in `ns` allowed to manage everything (the
+/// chart's least-privilege rules are tested with the chart).
+pub async fn grant_operator(client: &Client, ns: &str) {
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "operator"}})).expect("account");
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("service account");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("operator-{ns}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns}]
+    }))
+    .expect("binding");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+}
+
+/// Run the operator's binary as Pod `operator` watching `ns`.
+pub async fn start_operator_pod(client: &Client, ns: &str, node: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "operator"},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "operator",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "operator", "image": "kube-on-kube-operator",
+                            "args": [format!("--namespace={ns}"), "--log-level=info"]}]
+        }
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("operator pod");
+}
+
+/// Stop the operator Pod and wait until it is gone.
+pub async fn stop_operator_pod(client: &Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.delete("operator", &DeleteParams::default())
+        .await
+        .expect("stop the operator");
+    wait_for(
+        "the operator pod to be gone",
+        Duration::from_secs(60),
+        async || pods.get_opt("operator").await.ok()?.is_none().then_some(()),
+    )
+    .await;
+}
+
+/// A Cluster named `name` in `ns` on the runner's nodes, etcd on claims.
+pub fn test_cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    cluster.metadata.namespace = Some(ns.into());
+    cluster.metadata.name = Some(name.into());
+    cluster.spec.mode = mode;
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
+        tolerations: vec![],
+    });
+    cluster.spec.etcd.storage = serde_json::from_value(json!({"claimTemplate": {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}}
+    }}))
+    .expect("storage");
+    cluster
+}
+
+pub fn condition(c: &Cluster, type_: &str) -> Option<String> {
+    Some(c.status.as_ref()?.condition(type_)?.status.clone())
+}
+
+/// Wait until `check` holds for the Cluster.
+pub async fn wait_cluster(
+    clusters: &Api<Cluster>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn(&Cluster) -> bool,
+) -> Cluster {
+    wait_for(what, timeout, async || {
+        let c = clusters.get(name).await.ok()?;
+        check(&c).then_some(c)
+    })
+    .await
+}
+
+/// The admin kubeconfig Secret's content.
+pub async fn secret_value(client: &Client, ns: &str, secret: &str, key: &str) -> Vec<u8> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(secret)
+        .await
+        .unwrap_or_else(|e| panic!("secret {secret}: {e}"));
+    s.data
+        .and_then(|d| d.get(key).map(|v| v.0.clone()))
+        .unwrap_or_else(|| panic!("secret {secret} has no {key}"))
+}
+
+/// Ready Pods of one component of cluster `name`.
+pub async fn ready_pods(client: &Client, ns: &str, name: &str, component: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!(
+        "kubeonkube.io/cluster={name},kubeonkube.io/component={component}"
+    )))
+    .await
+    .expect("pods")
+    .items
+    .into_iter()
+    .filter(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    })
+    .collect()
+}
+
+/// A client of the business API of cluster `name` as its admin, through one
+/// ready kube-apiserver Pod's address (checked against the name in its
+/// certificate).
+pub async fn business_client(client: &Client, ns: &str, name: &str) -> Client {
+    let apiserver = ready_pods(client, ns, name, "apiserver")
+        .await
+        .into_iter()
+        .find_map(|p| p.status.and_then(|s| s.pod_ip))
+        .expect("a ready apiserver pod");
+    let text = secret_value(
+        client,
+        ns,
+        &format!("{name}-admin-kubeconfig"),
+        "kubeconfig",
+    )
+    .await;
+    let kubeconfig: kube::config::Kubeconfig =
+        serde_norway::from_slice(&text).expect("admin kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    config.cluster_url = format!("https://{apiserver}:6443").parse().expect("url");
+    config.tls_server_name = Some("kubernetes".into());
+    config.connect_timeout = Some(Duration::from_secs(2));
+    config.read_timeout = Some(Duration::from_secs(5));
+    Client::try_from(config).expect("business client")
+}
+
+/// Polls a ConfigMap through the business API every 200 ms (a quorum read
+/// in etcd) and counts what failed.
+pub struct Poller {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+/// What a poller saw.
+#[derive(Debug)]
+pub struct Polled {
+    pub ok: u64,
+    pub failed: u64,
+    /// The first few failures, with the time since polling started.
+    pub failures: Vec<String>,
+}
+
+impl Poller {
+    pub fn start(business: Client, ns: &str, name: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let api: Api<ConfigMap> = Api::namespaced(business, ns);
+        let name = name.to_string();
+        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut failures = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                let answer = tokio::time::timeout(Duration::from_secs(5), api.get(&name)).await;
+                match answer {
+                    Ok(Ok(_)) => {
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => {
+                        f.fetch_add(1, Ordering::Relaxed);
+                        if failures.len() < 20 {
+                            failures.push(format!("{:?}: {other:?}", started.elapsed()));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            failures
+        });
+        Self {
+            stop,
+            ok,
+            failed,
+            task,
+        }
+    }
+
+    /// Calls so far: (answered, failed).
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.ok.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+
+    pub async fn stop(self) -> Polled {
+        self.stop.store(true, Ordering::Relaxed);
+        let failures = self.task.await.expect("poller");
+        Polled {
+            ok: self.ok.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            failures,
+        }
+    }
+}
+
+/// etcdctl on this machine against the members' Pod addresses, as the
+/// operator's etcd client. The members' certificates name their Services,
+/// not their Pod addresses, so the server name is not checked here; the
+/// client certificate still is, by etcd.
+pub struct Etcdctl {
+    dir: tempfile::TempDir,
+}
+
+/// One member as etcdctl lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct ListedMember {
+    #[serde(rename = "ID")]
+    pub id: u64,
+    #[serde(default)]
+    pub name: String,
+    #[serde(rename = "peerURLs", default)]
+    pub peer_urls: Vec<String>,
+    #[serde(rename = "isLearner", default)]
+    pub is_learner: bool,
+}
+
+impl Etcdctl {
+    pub async fn new(client: &Client, ns: &str, cluster: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let secret = format!("{cluster}-operator-etcd-client");
+        for key in ["ca.crt", "tls.crt", "tls.key"] {
+            let value = secret_value(client, ns, &secret, key).await;
+            std::fs::write(dir.path().join(key), value).expect("write pki");
+        }
+        Self { dir }
+    }
+
+    fn file(&self, key: &str) -> String {
+        self.dir.path().join(key).display().to_string()
+    }
+
+    /// Run etcdctl with `args` against `endpoints`; stdout on success.
+    pub fn run(&self, endpoints: &[String], args: &[&str]) -> Result<String, String> {
+        let out = std::process::Command::new(kok_testenv::bins::bin("etcdctl").expect("etcdctl"))
+            .arg(format!("--endpoints={}", endpoints.join(",")))
+            .arg(format!("--cacert={}", self.file("ca.crt")))
+            .arg(format!("--cert={}", self.file("tls.crt")))
+            .arg(format!("--key={}", self.file("tls.key")))
+            .arg("--insecure-skip-tls-verify")
+            .arg("--command-timeout=5s")
+            .arg("--dial-timeout=3s")
+            .args(args)
+            .output()
+            .expect("run etcdctl");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// The member list, asked of any of `endpoints`.
+    pub fn member_list(&self, endpoints: &[String]) -> Result<Vec<ListedMember>, String> {
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            #[serde(default)]
+            members: Vec<ListedMember>,
+        }
+        let text = self.run(endpoints, &["member", "list", "-w", "json"])?;
+        serde_json::from_str::<Answer>(&text)
+            .map(|a| a.members)
+            .map_err(|e| format!("{e}: {text}"))
+    }
+
+    /// The version `endpoint` runs, from its own status.
+    pub fn version(&self, endpoint: &str) -> Result<String, String> {
+        let text = self.run(
+            &[endpoint.to_string()],
+            &["endpoint", "status", "-w", "json"],
+        )?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+        v[0]["Status"]["version"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("no version in {text}"))
+    }
+}
+
+/// Client URLs (by Pod address) of the member Pods of cluster `name` that
+/// are ready.
+pub async fn member_endpoints(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    ready_pods(client, ns, name, "etcd")
+        .await
+        .into_iter()
+        .filter_map(|p| p.status.and_then(|s| s.pod_ip))
+        .map(|ip| format!("https://{ip}:2379"))
+        .collect()
+}
+
+/// A kubeconfig file for `secret` under `dir`.
+pub async fn kubeconfig_file(client: &Client, ns: &str, secret: &str, dir: &Path) -> PathBuf {
+    let text = secret_value(client, ns, secret, "kubeconfig").await;
+    let path = dir.join(secret);
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+/// The PIDs of the processes of a container whose command line carries
+/// every one of `marks`: the test kills a member's etcd process with them.
+pub fn pids_with(marks: &[&str]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if marks.iter().all(|m| args.iter().any(|a| a == m)) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Names of the Events on cluster `name` with reason `reason`.
+pub async fn event_notes(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<String> {
+    use k8s_openapi::api::events::v1::Event;
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .map(|e| e.note.unwrap_or_default())
+        .collect()
+}
+
+/// The Cluster's reported etcd members: (name, id, learner, healthy).
+pub fn reported_members(c: &Cluster) -> Vec<(String, Option<String>, bool, bool)> {
+    c.status
+        .as_ref()
+        .map(|s| {
+            s.etcd_members
+                .iter()
+                .map(|m| (m.name.clone(), m.id.clone(), m.learner, m.healthy))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether cluster `c` reports `n` healthy voters with IDs, EtcdReady True,
+/// and no change under way.
+pub fn etcd_converged(c: &Cluster, n: usize) -> bool {
+    let members = reported_members(c);
+    members.len() == n
+        && members
+            .iter()
+            .all(|(_, id, learner, healthy)| id.is_some() && !learner && *healthy)
+        && condition(c, "EtcdReady").as_deref() == Some("True")
+        && c.status.as_ref().is_some_and(|s| s.etcd_change.is_none())
+}
+
+/// Name of the Pod's UID, for telling a recreated Pod from the old one.
+pub fn uid(p: &Pod) -> String {
+    p.uid().unwrap_or_default()
+}
