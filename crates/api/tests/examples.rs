@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube_on_kube_api::{CanaryRelease, Cluster, ClusterPackageVersion, Machine, PackageVersion};
 use serde::Deserialize;
 use serde_json::Value;
@@ -72,6 +72,8 @@ fn every_example_parses_without_losing_fields() {
                 "ClusterPackageVersion" => round_trip::<ClusterPackageVersion>(&doc),
                 "CanaryRelease" => round_trip::<CanaryRelease>(&doc),
                 "Secret" => round_trip::<Secret>(&doc),
+                // User add-on templates are registered as labelled ConfigMaps.
+                "ConfigMap" => round_trip::<ConfigMap>(&doc),
                 other => panic!("{}: unexpected kind {other}", file.display()),
             }
             .unwrap_or_else(|e| panic!("{}: {kind} does not parse: {e}", file.display()));
