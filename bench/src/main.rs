@@ -1,5 +1,6 @@
 //! `kok-bench`: the benchmarks of `bench/README.md`, one subcommand each.
 
+mod controlplane;
 mod fleet;
 mod measure;
 mod packages;
@@ -24,6 +25,9 @@ enum Command {
     /// Apply 10, 100, 300 Clusters at once to a meta-cluster with simulated
     /// Pods and measure time to converged, operator CPU and memory.
     Fleet(fleet::Args),
+    /// Create and delete Minimal and Production Clusters whose Pods run as
+    /// real processes; time to a working business API and to deletion.
+    Controlplane(controlplane::Args),
 }
 
 #[tokio::main]
@@ -32,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Provision(args) => provision::run(args).await,
         Command::Fleet(args) => fleet::run(args).await,
+        Command::Controlplane(args) => controlplane::run(args).await,
     }
 }
 
