@@ -1,0 +1,380 @@
+//! The Machine controller end to end: the node-operator binary (a child
+//! process, so it can be killed and restarted) against a real API server and
+//! controller-manager, provisioning real SSH test hosts with the examples'
+//! PackageVersions. The kubelet package is `kok-test-kubelet`, which joins by
+//! a real TLS bootstrap (its CSR approved and signed by the controller-manager),
+//! registers its Node and renews its Lease.
+//!
+//! One operator works on the whole cluster, so the scenarios run in sequence
+//! in one test: provision three Machines (the operator killed halfway and
+//! restarted), a stopped kubelet repaired, a checksum mismatch refused, a
+//! host-key mismatch refused, a host cut off mid-install converging, and a
+//! Machine deleted.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kok_testenv::wait::wait_for;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube_on_kube_api::machine::MachinePhase;
+use kube_on_kube_api::{Machine, PackageVersion};
+use serde_json::json;
+
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_join_are_repaired_and_leave() {
+    let started = Instant::now();
+    let h = Harness::start(HarnessOptions { hosts: 4 }).await;
+    let (client, hosts) = (h.client.clone(), &h.hosts);
+    // A kubelet whose artifact does not match its checksum.
+    let bad = package_version_like(
+        &h.package_versions,
+        hosts,
+        "kubelet",
+        "kubelet-1.35.9",
+        "1.35.9",
+        "kubelet.tar.gz",
+        &"0".repeat(64),
+    );
+    apply(&Api::<PackageVersion>::all(client.clone()), &bad).await;
+    eprintln!("set up in {:?}", started.elapsed());
+
+    let mut operator = h.operator();
+    let machines: Api<Machine> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let three = &hosts.hosts()[..3];
+    for (i, host) in three.iter().enumerate() {
+        apply(&machines, &machine(host, host.host_public_key(), i)).await;
+    }
+
+    // Killed halfway through provisioning: once some package is installed on
+    // some host, before every Machine is Ready.
+    let t = Instant::now();
+    wait_for("a package installed", Duration::from_secs(90), async || {
+        let list = machines.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|m| m.status.as_ref().is_some_and(|s| !s.installed.is_empty()))
+            .then_some(())
+    })
+    .await;
+    operator.kill();
+    eprintln!("operator killed after {:?}", t.elapsed());
+    let operator = h.operator();
+    for host in three {
+        wait_ready(&machines, host.name(), Duration::from_secs(120)).await;
+    }
+    eprintln!("three Machines Ready {:?} after creation", t.elapsed());
+
+    for (i, host) in three.iter().enumerate() {
+        let m = machines.get(host.name()).await.unwrap();
+        let st = m.status.clone().unwrap();
+        assert_eq!(st.node_name.as_deref(), Some(host.name()));
+        assert_eq!(st.host.as_ref().unwrap().arch, "amd64");
+        assert_eq!(st.host.as_ref().unwrap().hostname, host.name());
+        for (pkg, version) in [
+            ("containerd", "2.1.4"),
+            ("cni-plugins", "1.8.0"),
+            ("kubelet", "1.35.4"),
+        ] {
+            let i = &st.installed[pkg];
+            assert_eq!(i.version, version, "{pkg}");
+            assert!(i.healthy, "{pkg}");
+            assert_eq!(
+                on(
+                    host,
+                    &format!("readlink /opt/kube-on-kube/packages/{pkg}/current")
+                ),
+                version
+            );
+        }
+        for c in ["Reachable", "PackagesInstalled", "NodeReady", "Ready"] {
+            assert_eq!(condition(&m, c).map(|c| c.0), Some("True"), "{c}: {st:?}");
+        }
+        assert_eq!(st.observed_generation, m.metadata.generation);
+        assert!(st.last_operation.is_some());
+        let node = nodes.get(host.name()).await.unwrap();
+        let labels = node.labels();
+        assert_eq!(
+            labels["topology.kubernetes.io/zone"],
+            format!("zone-{}", i % 2)
+        );
+        assert_eq!(labels["kubeonkube.io/idc"], "idc-1");
+        assert_eq!(labels["pool"], "general");
+        let taints = node
+            .spec
+            .as_ref()
+            .unwrap()
+            .taints
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            taints.iter().any(|t| t.key == "dedicated"
+                && t.value.as_deref() == Some("batch")
+                && t.effect == "PreferNoSchedule"),
+            "{taints:?}"
+        );
+        assert_eq!(
+            on(
+                host,
+                "systemctl is-active kubelet.service containerd.service"
+            ),
+            "active\nactive"
+        );
+        assert_eq!(on(host, "sysctl -n net.ipv4.ip_forward"), "1");
+        assert!(
+            on(host, "cat /etc/sysctl.d/90-kube-on-kube.conf").contains("net.ipv4.ip_forward = 1")
+        );
+        // The kubelet authenticated with its own certificate, issued by the
+        // controller-manager for a CSR the bootstrap token made.
+        assert!(on(host, "cat /etc/kubernetes/kubelet.conf").contains("client-certificate-data"));
+    }
+    let csrs = Api::<CertificateSigningRequest>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap();
+    for host in three {
+        let node_csrs: Vec<_> = csrs
+            .items
+            .iter()
+            .filter(|c| {
+                c.name_any()
+                    .starts_with(&format!("node-csr-{}-", host.name()))
+            })
+            .collect();
+        assert!(!node_csrs.is_empty(), "no CSR for {}", host.name());
+        let csr = node_csrs[0];
+        assert_eq!(
+            csr.spec.signer_name,
+            "kubernetes.io/kube-apiserver-client-kubelet"
+        );
+        assert!(
+            csr.spec
+                .username
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with("system:bootstrap:")
+        );
+        let status = csr.status.clone().unwrap();
+        assert!(
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Approved")
+        );
+        assert!(status.certificate.is_some());
+    }
+    // Leases are renewed.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let renew = |l: Lease| l.spec.and_then(|s| s.renew_time);
+    let first = renew(leases.get(three[0].name()).await.unwrap()).unwrap();
+    wait_for("the Lease renewed", Duration::from_secs(30), async || {
+        let now = renew(leases.get(three[0].name()).await.ok()?)?;
+        (now != first).then_some(())
+    })
+    .await;
+    // No bootstrap token is left once the kubelets have their own credentials.
+    let tokens = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .list(&ListParams::default().labels("kubeonkube.io/machine"))
+        .await
+        .unwrap();
+    assert!(
+        tokens.items.is_empty(),
+        "{:?}",
+        tokens
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .collect::<Vec<_>>()
+    );
+
+    // Converged means no more work: across re-checks and a restart nothing is
+    // downloaded or bootstrapped again, and downloads were at most once per
+    // host, plus once more for a download the kill interrupted.
+    let requests = hosts.artifact_requests();
+    for file in ["containerd.tar.gz", "cni-plugins.tar.gz", "kubelet.tar.gz"] {
+        let n = count(&requests, file);
+        eprintln!("{file}: downloaded {n} times");
+        assert!(
+            (3..=6).contains(&n),
+            "{file} downloaded {n} times: {requests:?}"
+        );
+    }
+    drop(operator);
+    let mut operator = h.operator();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        hosts.artifact_requests(),
+        requests,
+        "nothing downloaded after converging"
+    );
+    for host in three {
+        let m = machines.get(host.name()).await.unwrap();
+        assert_eq!(phase(&m), Some(MachinePhase::Ready));
+        let bootstraps = events_for(&client, host.name())
+            .await
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("BootstrapConfigured"))
+            .map(|e| e.count.unwrap_or(1))
+            .sum::<i32>();
+        assert_eq!(
+            bootstraps,
+            1,
+            "{}: one bootstrap token per Machine",
+            host.name()
+        );
+    }
+    eprintln!("phase 1 done at {:?}", started.elapsed());
+
+    // A stopped kubelet is restarted by the periodic check.
+    let h0 = &three[0];
+    on(h0, "systemctl stop kubelet.service");
+    assert_eq!(on(h0, "systemctl is-active kubelet.service"), "inactive");
+    let t = Instant::now();
+    wait_for(
+        "the kubelet restarted",
+        Duration::from_secs(60),
+        async || {
+            (on(h0, "systemctl is-active kubelet.service") == "active"
+                && has_event(&client, h0.name(), "Restarted").await)
+                .then_some(())
+        },
+    )
+    .await;
+    eprintln!("stopped kubelet repaired in {:?}", t.elapsed());
+    wait_ready(&machines, h0.name(), Duration::from_secs(60)).await;
+
+    // A kubelet whose artifact does not match its checksum is refused and
+    // the running version stays current.
+    let h2 = &three[2];
+    let patch = json!({"spec": {"packages": {"kubelet": "kubelet-1.35.9"}}});
+    machines
+        .patch(h2.name(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let m = wait_for(
+        "the checksum mismatch reported",
+        Duration::from_secs(60),
+        async || {
+            let m = machine_status(&machines, h2.name()).await?;
+            (condition(&m, "PackagesInstalled") == Some(("False", "ChecksumMismatch"))).then_some(m)
+        },
+    )
+    .await;
+    assert_eq!(phase(&m), Some(MachinePhase::Failed));
+    assert!(has_event(&client, h2.name(), "ChecksumMismatch").await);
+    assert_eq!(
+        on(h2, "readlink /opt/kube-on-kube/packages/kubelet/current"),
+        "1.35.4"
+    );
+    assert_eq!(on(h2, "systemctl is-active kubelet.service"), "active");
+    assert_eq!(
+        on(h2, "ls /opt/kube-on-kube/packages/kubelet"),
+        "1.35.4\ncurrent"
+    );
+    let patch = json!({"spec": {"packages": {"kubelet": "kubelet-1.35.4"}}});
+    machines
+        .patch(h2.name(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_ready(&machines, h2.name(), Duration::from_secs(60)).await;
+    let node = nodes.get(h2.name()).await.unwrap();
+    assert_ne!(
+        node.spec.unwrap().unschedulable,
+        Some(true),
+        "uncordoned after the refused upgrade"
+    );
+
+    // A host presenting another key than the pinned one: refused, nothing run.
+    let h3 = &hosts.hosts()[3];
+    apply(&machines, &machine(h3, three[0].host_public_key(), 3)).await;
+    let m = wait_for(
+        "the host-key mismatch reported",
+        Duration::from_secs(60),
+        async || {
+            let m = machine_status(&machines, h3.name()).await?;
+            (condition(&m, "Reachable") == Some(("False", "HostKeyMismatch"))).then_some(m)
+        },
+    )
+    .await;
+    assert_eq!(phase(&m), Some(MachinePhase::Failed));
+    assert!(has_event(&client, h3.name(), "HostKeyMismatch").await);
+    assert_eq!(on(h3, "ls -A /opt"), "", "nothing was run on the host");
+
+    // The right key, and the host cut off once installing has begun: it
+    // converges after the host returns.
+    let before = hosts.artifact_requests().len();
+    let patch = json!({"spec": {"ssh": {"hostPublicKey": h3.host_public_key()}}});
+    machines
+        .patch(h3.name(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(
+        "installing begun on the fourth host",
+        Duration::from_secs(60),
+        async || (hosts.artifact_requests().len() > before).then_some(()),
+    )
+    .await;
+    h3.cut_off().unwrap();
+    let m = wait_for(
+        "the host reported unreachable",
+        Duration::from_secs(90),
+        async || {
+            let m = machine_status(&machines, h3.name()).await?;
+            (condition(&m, "Reachable").map(|c| c.0) == Some("False")).then_some(m)
+        },
+    )
+    .await;
+    eprintln!("cut-off host: {:?}", condition(&m, "Reachable"));
+    h3.reconnect().unwrap();
+    wait_ready(&machines, h3.name(), Duration::from_secs(150)).await;
+    eprintln!("cut-off host converged at {:?}", started.elapsed());
+
+    // Deleting a Machine drains and removes its Node and its packages.
+    machines
+        .delete(h3.name(), &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the Machine gone", Duration::from_secs(60), async || {
+        machine_status(&machines, h3.name())
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        nodes.get_opt(h3.name()).await.unwrap().is_none(),
+        "Node deleted"
+    );
+    assert_eq!(
+        on(h3, "ls -A /opt/kube-on-kube/packages"),
+        "",
+        "packages removed"
+    );
+    assert_eq!(
+        on(h3, "ls -A /etc/systemd/system | grep -c service || true"),
+        "0",
+        "units removed"
+    );
+    assert_eq!(on(h3, "ls -A /usr/local/bin"), "", "links removed");
+    assert_eq!(
+        on(h3, "systemctl is-active kubelet.service || true"),
+        "inactive"
+    );
+    // The others are untouched.
+    for host in three {
+        assert_eq!(
+            phase(&machines.get(host.name()).await.unwrap()),
+            Some(MachinePhase::Ready)
+        );
+    }
+    operator.kill();
+    eprintln!("whole test in {:?}", started.elapsed());
+}

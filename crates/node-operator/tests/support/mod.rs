@@ -1,0 +1,600 @@
+//! Harness shared by the node-operator's end-to-end tests: a business API
+//! server (real kube-apiserver and controller-manager) with the bootstrap
+//! add-on applied, SSH test hosts that reach it through a TCP proxy, the
+//! examples' PackageVersions and ClusterPackageVersion pointed at packages
+//! served by the hosts' artifact server, and the `node-operator` binary as a
+//! child process that a test can kill and restart.
+//!
+//! Every test binary uses only part of it.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kok_testenv::hosts::{HostsOptions, TestHost, TestHosts};
+use kok_testenv::kube_env::{KubeEnv, Options};
+use kok_testenv::proxy::TcpProxy;
+use kok_testenv::wait::wait_for;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::discovery::Scope;
+use kube::{Client, Discovery, ResourceExt};
+use kube_on_kube_api::machine::MachinePhase;
+use kube_on_kube_api::{Cluster, ClusterPackageVersion, Machine, PackageVersion};
+use kube_on_kube_operator::names::Names;
+use kube_on_kube_operator::render::addons;
+use serde::Deserialize as _;
+
+/// Field manager of what the tests apply.
+pub const MANAGER: &str = "node-operator-test";
+
+/// Name (in kube-system) of the Secret holding the hosts' SSH client key, as
+/// the example Machine names it.
+pub const SSH_KEY_SECRET: &str = "node-ssh-key";
+
+/// The repository's `examples/` directory.
+pub fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// Runs a local command, asserting it succeeds; its stdout.
+pub fn run_local(command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{command:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The sha256 of a local file, in hex.
+pub fn sha256(path: &Path) -> String {
+    run_local(Command::new("sha256sum").arg(path))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Runs `command` on the host over SSH; its trimmed stdout.
+pub fn on(host: &TestHost, command: &str) -> String {
+    let output = host.ssh(command);
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// Packs `files` (path in the archive → content, mode 0755) into
+/// `<artifacts>/<name>` and returns its sha256.
+pub fn pack(hosts: &TestHosts, name: &str, files: &[(&str, Vec<u8>)]) -> String {
+    let work = tempfile::tempdir().unwrap();
+    for (path, content) in files {
+        let p = work.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, content).unwrap();
+        run_local(Command::new("chmod").arg("0755").arg(&p));
+    }
+    let archive = hosts.artifacts_dir().join(name);
+    run_local(
+        Command::new("tar")
+            .arg("-czf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(work.path())
+            .arg("."),
+    );
+    sha256(&archive)
+}
+
+/// A shell script's bytes.
+pub fn script(text: &str) -> Vec<u8> {
+    format!("#!/bin/sh\n{text}\n").into_bytes()
+}
+
+/// The test kubelet (`kok-test-kubelet`), stripped so the package stays small.
+pub fn kubelet_binary() -> Vec<u8> {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("kok-test-kubelet");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        bin.display()
+    );
+    let stripped = tempfile::NamedTempFile::new().unwrap();
+    run_local(
+        Command::new("strip")
+            .arg("-o")
+            .arg(stripped.path())
+            .arg(&bin),
+    );
+    std::fs::read(stripped.path()).unwrap()
+}
+
+/// Packs a kubelet package (the test kubelet reporting `version`) as
+/// `<artifacts>/<file>`; its sha256.
+pub fn pack_kubelet(hosts: &TestHosts, file: &str, version: &str) -> String {
+    pack(
+        hosts,
+        file,
+        &[
+            ("bin/kubelet", kubelet_binary()),
+            ("bin/VERSION", format!("{version}\n").into_bytes()),
+        ],
+    )
+}
+
+/// The examples' PackageVersions (containerd, CNI plugins, kubelet), pointed
+/// at the artifact server with the test packages' real checksums.
+pub fn package_versions(hosts: &TestHosts) -> Vec<PackageVersion> {
+    let containerd = pack(
+        hosts,
+        "containerd.tar.gz",
+        &[
+            ("bin/containerd", script("exec sleep 1000000")),
+            ("bin/containerd-shim-runc-v2", script("exit 0")),
+            ("bin/ctr", script("echo 'ctr test-containerd 2.1.4'")),
+        ],
+    );
+    let cni = pack(
+        hosts,
+        "cni-plugins.tar.gz",
+        &["bridge", "host-local", "loopback", "portmap"]
+            .map(|p| (p, script("echo 'CNI plugin v1.8.0'"))),
+    );
+    let kubelet = pack_kubelet(hosts, "kubelet.tar.gz", "1.35.4");
+    let text = std::fs::read_to_string(examples().join("packageversions.yaml")).unwrap();
+    let mut out = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let value = serde_norway::Value::deserialize(doc).unwrap();
+        let mut pv: PackageVersion = serde_norway::from_value(value).unwrap();
+        let (file, sha) = match pv.spec.package.as_str() {
+            "containerd" => ("containerd.tar.gz", containerd.clone()),
+            "cni-plugins" => ("cni-plugins.tar.gz", cni.clone()),
+            "kubelet" => ("kubelet.tar.gz", kubelet.clone()),
+            other => panic!("unexpected package {other}"),
+        };
+        pv.spec.artifacts[0].url = hosts.artifact_url(file);
+        pv.spec.artifacts[0].sha256 = sha;
+        out.push(pv);
+    }
+    out
+}
+
+/// A copy of the PackageVersion of `package` in `pvs`, named `name`, at
+/// `version`, downloading `file` from the artifact server with `sha`.
+pub fn package_version_like(
+    pvs: &[PackageVersion],
+    hosts: &TestHosts,
+    package: &str,
+    name: &str,
+    version: &str,
+    file: &str,
+    sha: &str,
+) -> PackageVersion {
+    let mut pv = pvs
+        .iter()
+        .find(|p| p.spec.package == package)
+        .unwrap_or_else(|| panic!("no PackageVersion of {package}"))
+        .clone();
+    pv.metadata = kube::api::ObjectMeta {
+        name: Some(name.into()),
+        labels: pv.metadata.labels.clone(),
+        annotations: pv.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    pv.spec.version = version.into();
+    pv.spec.artifacts[0].url = hosts.artifact_url(file);
+    pv.spec.artifacts[0].sha256 = sha.into();
+    pv
+}
+
+/// The `node-operator` binary, killed when dropped.
+pub struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+/// The flags [`Operator::start`] passes: short intervals and timeouts for tests.
+pub const OPERATOR_ARGS: &[&str] = &[
+    "--recheck-interval=4s",
+    "--node-wait=30s",
+    "--ssh-concurrency=4",
+    "--ssh-connect-timeout=3s",
+    "--ssh-step-timeout=60s",
+    "--drain-timeout=30s",
+    "--offboard-timeout=20s",
+    "--cluster-dns=10.0.0.10",
+    "--log-level=info,node_operator=debug",
+];
+
+impl Operator {
+    /// Starts the operator against `env` with [`OPERATOR_ARGS`], appending its
+    /// output to `log`.
+    pub fn start(env: &KubeEnv, log: &Path) -> Operator {
+        Self::start_with(env, log, &[])
+    }
+
+    /// Starts the operator with [`OPERATOR_ARGS`] and then `extra` (a later
+    /// flag wins).
+    pub fn start_with(env: &KubeEnv, log: &Path, extra: &[&str]) -> Operator {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_node-operator"))
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path())
+            .args(OPERATOR_ARGS)
+            .args(extra)
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        Operator {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills it (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("node-operator log: {}", self.log.display());
+        }
+    }
+}
+
+/// Server-side apply of `obj` (forced, [`MANAGER`]).
+pub async fn apply<K>(api: &Api<K>, obj: &K)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut value = serde_json::to_value(obj).unwrap();
+    if let Some(meta) = value["metadata"].as_object_mut() {
+        meta.remove("resourceVersion");
+    }
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .unwrap();
+}
+
+/// The kube-on-kube-operator's bootstrap add-on, rendered by its own template
+/// functions for a cluster whose API server hosts reach at `server`, applied
+/// to the business cluster. The test API server's certificate names
+/// `localhost`, not the proxy's address, so `cluster-info` also names the TLS
+/// server name to verify.
+pub async fn bootstrap_addon(client: &Client, env: &KubeEnv, server: &str) {
+    let cluster: Cluster = serde_norway::from_str(
+        &std::fs::read_to_string(examples().join("cluster-minimal.yaml")).unwrap(),
+    )
+    .unwrap();
+    let settings = addons::Settings {
+        registry: "registry.k8s.io",
+        operator_version: "0.1.0",
+        node_operator_image: "node-operator:0.1.0",
+    };
+    let plans = addons::plan(&cluster, &settings, &[], &[]);
+    let planned = plans
+        .iter()
+        .find_map(|p| match p {
+            addons::Plan::Apply(p) if p.name == addons::BOOTSTRAP => Some(p),
+            _ => None,
+        })
+        .expect("the bootstrap add-on is planned");
+    let ca_data = env.kubeconfig().clusters[0]
+        .cluster
+        .as_ref()
+        .unwrap()
+        .certificate_authority_data
+        .clone()
+        .unwrap();
+    use base64::Engine as _;
+    let ca_pem = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(ca_data)
+            .unwrap(),
+    )
+    .unwrap();
+    let names = Names::new(&cluster, "cluster.local");
+    let facts = addons::Facts {
+        names: &names,
+        endpoint: server,
+        ca_pem: &ca_pem,
+    };
+    let rendered = addons::render(planned, &cluster, &facts, &settings).unwrap();
+    assert!(
+        rendered
+            .objects
+            .iter()
+            .any(|o| o.types.as_ref().is_some_and(|t| t.kind == "ConfigMap")
+                && o.name_any() == "cluster-info"),
+        "the bootstrap add-on renders cluster-info"
+    );
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    for mut object in rendered.objects {
+        let types = object.types.clone().unwrap();
+        if types.kind == "ConfigMap" && object.name_any() == "cluster-info" {
+            let text = object.data["data"]["kubeconfig"].as_str().unwrap();
+            let mut kubeconfig: serde_json::Value = serde_norway::from_str(text).unwrap();
+            kubeconfig["clusters"][0]["cluster"]["tls-server-name"] = "localhost".into();
+            object.data["data"]["kubeconfig"] = kubeconfig.to_string().into();
+        }
+        let gvk = kube::api::GroupVersionKind::try_from(&types).unwrap();
+        let (resource, caps) = discovery.resolve_gvk(&gvk).unwrap();
+        let api: Api<DynamicObject> = match (caps.scope, object.namespace()) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        dynamic_apply(&api, &resource, &object).await;
+    }
+}
+
+async fn dynamic_apply(api: &Api<DynamicObject>, resource: &ApiResource, object: &DynamicObject) {
+    let mut value = serde_json::to_value(object).unwrap();
+    value["apiVersion"] = resource.api_version.clone().into();
+    value["kind"] = resource.kind.clone().into();
+    api.patch(
+        &object.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying {} {}: {e}", resource.kind, object.name_any()));
+}
+
+/// The example Machine (`examples/machine.yaml`) for `host`, pinning
+/// `host_key`, in zone `zone-<index % 2>`.
+pub fn machine(host: &TestHost, host_key: &str, index: usize) -> Machine {
+    let text = std::fs::read_to_string(examples().join("machine.yaml")).unwrap();
+    let doc = serde_norway::Deserializer::from_str(&text)
+        .find_map(|doc| {
+            let value = serde_norway::Value::deserialize(doc).ok()?;
+            (value.get("kind").and_then(|k| k.as_str()) == Some("Machine")).then_some(value)
+        })
+        .expect("examples/machine.yaml has a Machine");
+    let mut m: Machine = serde_norway::from_value(doc).unwrap();
+    m.metadata.name = Some(host.name().to_string());
+    m.spec.hostname = None;
+    m.spec.ip = host.ip().to_string();
+    m.spec.zone = Some(format!("zone-{}", index % 2));
+    m.spec.ssh.host_public_key = host_key.to_string();
+    // Kernel parameters of the host's own network namespace: the example's
+    // vm.max_map_count would change the machine running the tests.
+    m.spec.sysctls = BTreeMap::from([
+        ("net.ipv4.ip_forward".to_string(), "1".to_string()),
+        ("net.ipv4.tcp_keepalive_time".to_string(), "600".to_string()),
+    ]);
+    m
+}
+
+/// The Machine, if it exists (and the API answers).
+pub async fn machine_status(api: &Api<Machine>, name: &str) -> Option<Machine> {
+    api.get_opt(name).await.ok().flatten()
+}
+
+/// Status and reason of a Machine condition.
+pub fn condition<'a>(m: &'a Machine, type_: &str) -> Option<(&'a str, &'a str)> {
+    m.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
+/// Message of a Machine condition.
+pub fn condition_message<'a>(m: &'a Machine, type_: &str) -> Option<&'a str> {
+    m.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.message.as_str())
+}
+
+/// The Machine's phase.
+pub fn phase(m: &Machine) -> Option<MachinePhase> {
+    m.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Waits until the Machine is Ready (phase and condition).
+pub async fn wait_ready(api: &Api<Machine>, name: &str, timeout: Duration) -> Machine {
+    wait_for(&format!("Machine {name} Ready"), timeout, async || {
+        let m = machine_status(api, name).await?;
+        (phase(&m) == Some(MachinePhase::Ready)
+            && condition(&m, "Ready") == Some(("True", "Ready")))
+        .then_some(m)
+    })
+    .await
+}
+
+/// Waits until the Machine's condition has `status` and `reason`.
+pub async fn wait_condition(
+    api: &Api<Machine>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Machine {
+    wait_for(
+        &format!("Machine {name} {type_}={status} ({reason})"),
+        timeout,
+        async || {
+            let m = machine_status(api, name).await?;
+            (condition(&m, type_) == Some((status, reason))).then_some(m)
+        },
+    )
+    .await
+}
+
+/// Events whose involved object is named `name`.
+pub async fn events_for(client: &Client, name: &str) -> Vec<Event> {
+    Api::<Event>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// Whether an Event with `reason` was published on `name`.
+pub async fn has_event(client: &Client, name: &str, reason: &str) -> bool {
+    events_for(client, name)
+        .await
+        .iter()
+        .any(|e| e.reason.as_deref() == Some(reason))
+}
+
+/// How many artifact requests asked for `file`.
+pub fn count(requests: &[String], file: &str) -> usize {
+    requests.iter().filter(|r| r.ends_with(file)).count()
+}
+
+/// Options of [`Harness::start`].
+pub struct HarnessOptions {
+    /// SSH test hosts.
+    pub hosts: usize,
+}
+
+impl Default for HarnessOptions {
+    fn default() -> Self {
+        Self { hosts: 3 }
+    }
+}
+
+/// A business cluster ready for Machines: API server and controller-manager,
+/// the bootstrap add-on, SSH test hosts reaching the API server through a
+/// proxy, the examples' PackageVersions and ClusterPackageVersion, and the
+/// SSH key Secret. No operator runs yet.
+pub struct Harness {
+    pub env: KubeEnv,
+    pub client: Client,
+    pub hosts: TestHosts,
+    pub proxy: TcpProxy,
+    /// `https://<proxy>`: the API server as the hosts reach it.
+    pub server: String,
+    /// The PackageVersions applied.
+    pub package_versions: Vec<PackageVersion>,
+    /// The ClusterPackageVersion applied.
+    pub cluster_package_version: ClusterPackageVersion,
+}
+
+impl Harness {
+    pub async fn start(options: HarnessOptions) -> Harness {
+        let env = KubeEnv::start(Options {
+            controller_manager: true,
+            scheduler: false,
+            kwok_nodes: 0,
+            install_crds: true,
+        })
+        .unwrap();
+        let client = env.client().await;
+        let hosts = TestHosts::start_with(HostsOptions {
+            count: options.hosts,
+            extra_private_dirs: vec!["/etc/sysctl.d".into(), "/etc/containerd".into()],
+        })
+        .unwrap();
+        let api_port: u16 = env.api_url().rsplit(':').next().unwrap().parse().unwrap();
+        let proxy = TcpProxy::start(hosts.gateway_ip(), ([127, 0, 0, 1], api_port).into()).unwrap();
+        let server = format!("https://{}", proxy.addr());
+        bootstrap_addon(&client, &env, &server).await;
+
+        let package_versions = package_versions(&hosts);
+        for pv in &package_versions {
+            apply(&Api::<PackageVersion>::all(client.clone()), pv).await;
+        }
+        let text = std::fs::read_to_string(examples().join("clusterpackageversion.yaml")).unwrap();
+        let cluster_package_version: ClusterPackageVersion = serde_norway::from_str(&text).unwrap();
+        apply(
+            &Api::<ClusterPackageVersion>::all(client.clone()),
+            &cluster_package_version,
+        )
+        .await;
+        let key = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(SSH_KEY_SECRET.into()),
+                namespace: Some("kube-system".into()),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/ssh-auth".into()),
+            string_data: Some(BTreeMap::from([(
+                "ssh-privatekey".to_string(),
+                hosts.client_private_key_pem(),
+            )])),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), "kube-system")
+            .create(&PostParams::default(), &key)
+            .await
+            .unwrap();
+        Harness {
+            env,
+            client,
+            hosts,
+            proxy,
+            server,
+            package_versions,
+            cluster_package_version,
+        }
+    }
+
+    /// Machines of the business cluster.
+    pub fn machines(&self) -> Api<Machine> {
+        Api::all(self.client.clone())
+    }
+
+    /// Where [`Harness::operator`] logs.
+    pub fn operator_log(&self) -> PathBuf {
+        self.env.log_dir().join("node-operator.log")
+    }
+
+    /// Starts the operator with [`OPERATOR_ARGS`].
+    pub fn operator(&self) -> Operator {
+        Operator::start(&self.env, &self.operator_log())
+    }
+
+    /// Starts the operator with [`OPERATOR_ARGS`] and `extra`.
+    pub fn operator_with(&self, extra: &[&str]) -> Operator {
+        Operator::start_with(&self.env, &self.operator_log(), extra)
+    }
+
+    /// Creates (applies) the Machine of each host, `index` numbering zones.
+    pub async fn create_machines(&self, hosts: &[TestHost]) {
+        let api = self.machines();
+        for (i, host) in hosts.iter().enumerate() {
+            apply(&api, &machine(host, host.host_public_key(), i)).await;
+        }
+    }
+
+    /// Waits until every one of `hosts` has a Ready Machine.
+    pub async fn wait_all_ready(&self, hosts: &[TestHost], timeout: Duration) {
+        let api = self.machines();
+        for host in hosts {
+            wait_ready(&api, host.name(), timeout).await;
+        }
+    }
+}
