@@ -300,6 +300,24 @@ fn true_conditions(node: &Node) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// Whether `machine` runs `previous` again after a rollback: each package at
+/// its previous PackageVersion and healthy, and the Machine Ready. A
+/// failed upgrade leaves the old PackageVersion recorded (it never became
+/// current in status) but unhealthy while the host still runs the new one, so
+/// the record alone does not prove the host went back.
+fn rolled_back(machine: &Machine, previous: &BTreeMap<String, String>) -> bool {
+    let Some(status) = machine.status.as_ref() else {
+        return false;
+    };
+    status.phase == Some(MachinePhase::Ready)
+        && previous.iter().all(|(pkg, pv)| {
+            status
+                .installed
+                .get(pkg)
+                .is_some_and(|i| i.package_version == *pv && i.healthy)
+        })
+}
+
 /// Per-Machine results added up into the status counters.
 pub fn aggregate(status: &mut CanaryReleaseStatus) {
     let count = |r: &[CanaryMachineResult]| {
@@ -648,12 +666,7 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
                 done = false;
                 continue;
             }
-            let installed = m.status.as_ref().map(|s| &s.installed);
-            let back = previous.iter().all(|(pkg, pv)| {
-                installed
-                    .and_then(|i| i.get(pkg))
-                    .is_some_and(|i| i.package_version == *pv)
-            });
+            let back = rolled_back(m, &previous);
             if back {
                 entry.result = R::RolledBack;
                 entry.message = None;
@@ -1610,6 +1623,13 @@ mod tests {
         let p = plan(&r, &ms, &nodes, ts(6));
         assert!(p.marks.is_empty());
         assert_eq!(p.status.phase, Some(CanaryPhase::RollingBack));
+
+        // A failed health check leaves the old PackageVersion recorded but
+        // unhealthy and the Machine Failed: the host still runs the new one.
+        installed(&mut ms[0], OLD, false);
+        let p = plan(&r, &ms, &nodes, ts(6));
+        assert_eq!(p.status.phase, Some(CanaryPhase::RollingBack), "{p:?}");
+        assert_eq!(p.status.machines[0].result, R::Failed);
 
         // The Machine controller put the old version back.
         installed(&mut ms[0], OLD, true);
