@@ -199,7 +199,7 @@ pub fn sibling(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
+pub(crate) fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("the operator (pid {pid}) is gone"))?;
     status

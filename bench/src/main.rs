@@ -5,6 +5,7 @@ mod fleet;
 mod measure;
 mod packages;
 mod provision;
+mod steady;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,10 @@ enum Command {
     /// Create and delete Minimal and Production Clusters whose Pods run as
     /// real processes; time to a working business API and to deletion.
     Controlplane(controlplane::Args),
+    /// Start the node-operator against 10,000 Machines that need nothing, with
+    /// their kwok Nodes: time to reconcile all once, memory, SSH sessions
+    /// opened, API requests per minute.
+    Steady(steady::Args),
 }
 
 #[tokio::main]
@@ -37,6 +42,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Provision(args) => provision::run(args).await,
         Command::Fleet(args) => fleet::run(args).await,
         Command::Controlplane(args) => controlplane::run(args).await,
+        Command::Steady(args) => steady::run(args).await,
     }
 }
 

@@ -29,7 +29,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-pub use cluster::install_crds;
+pub use cluster::{fake_node, install_crds};
 pub use error::Error;
 
 use crate::bins;

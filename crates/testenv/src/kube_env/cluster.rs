@@ -94,7 +94,7 @@ fn node_ready(node: Option<&Node>) -> bool {
 /// A node as kwok's own examples describe one. kwok fills in the status,
 /// including a capacity large enough that scheduling never depends on requests.
 /// No taint: nothing real runs here, so test pods need no toleration.
-fn fake_node(name: &str) -> serde_json::Value {
+pub fn fake_node(name: &str) -> serde_json::Value {
     let (key, value) = KWOK_NODE_ANNOTATION;
     serde_json::json!({
         "apiVersion": "v1",
