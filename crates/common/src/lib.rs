@@ -7,6 +7,11 @@ pub mod client;
 pub mod conditions;
 pub mod controller;
 pub mod duration;
+pub mod health;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod operator;
 pub mod telemetry;
 
 /// Errors of the shared plumbing.

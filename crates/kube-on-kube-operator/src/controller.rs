@@ -93,7 +93,7 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         config,
     });
     let controller_config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    let stream = Controller::new(
+    let controller = Controller::new(
         scoped::<Cluster>(&client, namespace),
         watcher::Config::default(),
     )
@@ -105,10 +105,16 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     .owns(
         scoped::<PersistentVolumeClaim>(&client, namespace),
         selector,
+    );
+    kok_common::controller::run(
+        "cluster",
+        controller,
+        reconcile,
+        error_policy,
+        ctx,
+        Error::category,
     )
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx);
-    kok_common::controller::drive("cluster", stream).await;
+    .await;
 }
 
 fn to_jiff(t: OffsetDateTime) -> Timestamp {

@@ -2,18 +2,26 @@
 
 use clap::Parser;
 use kok_common::client::ClientArgs;
+use kok_common::leader::pod_namespace;
+use kok_common::operator::RuntimeArgs;
 use kok_common::telemetry::LogArgs;
 
 /// Runs business-cluster control planes as Pods in this meta-cluster: watches
 /// Cluster objects and converges each one's etcd, kube-apiserver,
 /// kube-controller-manager, kube-scheduler and add-ons to its spec.
+///
+/// Several replicas may run: they elect a leader with the Lease
+/// `kube-on-kube-operator` (`kube-on-kube-operator-<namespace>` with
+/// --namespace) in the Pod's namespace, and only the leader reconciles.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, after_help = kok_common::operator::AFTER_HELP)]
 struct Args {
     #[command(flatten)]
     client: ClientArgs,
     #[command(flatten)]
     log: LogArgs,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
     /// Watch Clusters in this namespace only (default: all namespaces).
     #[arg(long, env = "KOK_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -55,6 +63,13 @@ async fn main() -> anyhow::Result<()> {
         node_operator_image: args.node_operator_image,
         addon_template_namespace: args.addon_template_namespace,
     };
-    kube_on_kube_operator::run(client, args.namespace, args.concurrency, config).await;
+    // Operators scoped to different namespaces do not compete for one Lease.
+    let lease = match &args.namespace {
+        Some(ns) => format!("kube-on-kube-operator-{ns}"),
+        None => "kube-on-kube-operator".to_string(),
+    };
+    let controllers =
+        kube_on_kube_operator::run(client.clone(), args.namespace, args.concurrency, config);
+    kok_common::operator::run(&args.runtime, client, &pod_namespace(), &lease, controllers).await?;
     Ok(())
 }

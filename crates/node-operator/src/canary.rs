@@ -1190,7 +1190,7 @@ pub async fn run(client: Client) {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), Reporter::from("node-operator")),
     });
-    let stream = Controller::new(
+    let controller = Controller::new(
         Api::<CanaryRelease>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -1198,10 +1198,16 @@ pub async fn run(client: Client) {
         Api::<Machine>::all(client.clone()),
         watcher::Config::default(),
         |m: Machine| rollout::canary_claim(&m).map(ObjectRef::<CanaryRelease>::new),
+    );
+    kok_common::controller::run(
+        "canaryrelease",
+        controller,
+        reconcile,
+        error_policy,
+        ctx,
+        Error::category,
     )
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx);
-    kok_common::controller::drive("canaryrelease", stream).await;
+    .await;
 }
 
 #[cfg(test)]

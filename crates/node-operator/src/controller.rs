@@ -201,7 +201,7 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
         watcher::Config::default(),
     );
     let store = controller.store();
-    let stream = controller
+    let controller = controller
         .with_config(config)
         .watches(
             Api::<Node>::all(client.clone()),
@@ -225,10 +225,16 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
                     .map(|m| ObjectRef::from_obj(m.as_ref()))
                     .collect::<Vec<_>>()
             },
-        )
-        .shutdown_on_signal()
-        .run(crate::machine::reconcile, machine_error_policy, ctx.clone());
-    kok_common::controller::drive("machine", stream).await;
+        );
+    kok_common::controller::run(
+        "machine",
+        controller,
+        crate::machine::reconcile,
+        machine_error_policy,
+        ctx.clone(),
+        Error::category,
+    )
+    .await;
 }
 
 /// Observe one object of any of the watched kinds.

@@ -305,7 +305,7 @@ pub async fn run(client: Client) {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), Reporter::from("node-operator")),
     });
-    let stream = Controller::new(
+    let controller = Controller::new(
         Api::<ClusterPackageVersion>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -318,10 +318,16 @@ pub async fn run(client: Client) {
         Api::<PackageVersion>::all(client.clone()),
         watcher::Config::default(),
         |_: PackageVersion| Some(ObjectRef::<ClusterPackageVersion>::new(NAME)),
+    );
+    kok_common::controller::run(
+        "clusterpackageversion",
+        controller,
+        reconcile,
+        error_policy,
+        ctx,
+        Error::category,
     )
-    .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx);
-    kok_common::controller::drive("clusterpackageversion", stream).await;
+    .await;
 }
 
 fn error_policy(cpv: Arc<ClusterPackageVersion>, error: &Error, _ctx: Arc<Context>) -> Action {

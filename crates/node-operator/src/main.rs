@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use kok_common::client::ClientArgs;
 use kok_common::duration::parse as parse_duration;
+use kok_common::operator::RuntimeArgs;
 use kok_common::telemetry::LogArgs;
 use node_operator::Settings;
 use node_operator::repair::{Remediations, Rule, parse_rule};
@@ -16,14 +17,18 @@ use node_operator::ssh::Timeouts;
 /// declared versions (cluster defaults, overrides and canary releases).
 ///
 /// It usually runs in the meta-cluster, pointed at the business cluster with
-/// --kubeconfig.
+/// --kubeconfig. Several replicas may run: they elect a leader with the Lease
+/// `node-operator` in `kube-system` of the business cluster (the cluster it
+/// writes to), and only the leader reconciles.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, after_help = kok_common::operator::AFTER_HELP)]
 struct Args {
     #[command(flatten)]
     client: ClientArgs,
     #[command(flatten)]
     log: LogArgs,
+    #[command(flatten)]
+    runtime: RuntimeArgs,
     /// Machines and CanaryReleases reconciled at the same time.
     #[arg(long, env = "KOK_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
@@ -96,6 +101,15 @@ async fn main() -> anyhow::Result<()> {
         args.remediation_cooldown,
         usize::from(args.max_concurrent_remediations),
     );
-    node_operator::run_with(client, args.concurrency, settings, remediations).await;
+    let controllers =
+        node_operator::run_with(client.clone(), args.concurrency, settings, remediations);
+    kok_common::operator::run(
+        &args.runtime,
+        client,
+        "kube-system",
+        "node-operator",
+        controllers,
+    )
+    .await?;
     Ok(())
 }

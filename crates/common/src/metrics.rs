@@ -1,0 +1,337 @@
+//! The Prometheus metrics both operators publish on `/metrics`: reconcile
+//! counts, failures by category, durations and in-flight reconciles for every
+//! controller, leadership, and the domain metrics the operators set
+//! (certificate expiry, etcd member health, SSH step durations, Machines by
+//! phase). One registry per process, reachable from anywhere with [`global`],
+//! so a reconciler can record a value without threading a handle through
+//! every function.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label set of a series: `(name, value)` pairs in a fixed order.
+pub type Labels = Vec<(&'static str, String)>;
+
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<Labels, Counter>,
+    failures: Family<Labels, Counter>,
+    duration: HistogramFamily,
+    in_flight: Family<Labels, Gauge>,
+    leading: Family<Labels, Gauge>,
+    certificate_expiry: Family<Labels, Gauge<f64, AtomicU64>>,
+    etcd_member_healthy: Family<Labels, Gauge>,
+    ssh_step_duration: HistogramFamily,
+    machines: Family<Labels, Gauge>,
+    /// Label sets of the per-cluster series, so a cluster's stale ones can be removed.
+    certificate_series: Mutex<BTreeSet<Labels>>,
+    etcd_series: Mutex<BTreeSet<Labels>>,
+}
+
+fn reconcile_buckets() -> Histogram {
+    // 5 ms .. ~82 s: a no-op reconcile up to a slow SSH install.
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+fn ssh_buckets() -> Histogram {
+    // 10 ms .. ~5.5 min: a `test -f` up to a large download.
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered (prefix `kok_`).
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("kok");
+        let reconciles = Family::<Labels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles run, by controller",
+            reconciles.clone(),
+        );
+        let failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "reconcile_failures",
+            "Reconciles that returned an error, by controller and error category",
+            failures.clone(),
+        );
+        let duration = HistogramFamily::new_with_constructor(reconcile_buckets);
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time one reconcile took, by controller",
+            duration.clone(),
+        );
+        let in_flight = Family::<Labels, Gauge>::default();
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running right now, by controller (the work queue being drained)",
+            in_flight.clone(),
+        );
+        let leading = Family::<Labels, Gauge>::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader-election Lease (and runs the controllers), else 0",
+            leading.clone(),
+        );
+        let certificate_expiry = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until a business-cluster certificate's notAfter, by namespace, cluster and Secret",
+            certificate_expiry.clone(),
+        );
+        let etcd_member_healthy = Family::<Labels, Gauge>::default();
+        registry.register(
+            "etcd_member_healthy",
+            "1 when a business-cluster etcd member answers as healthy, else 0",
+            etcd_member_healthy.clone(),
+        );
+        let ssh_step_duration = HistogramFamily::new_with_constructor(ssh_buckets);
+        registry.register(
+            "ssh_step_duration_seconds",
+            "Time one step on a host over SSH took, by step and result",
+            ssh_step_duration.clone(),
+        );
+        let machines = Family::<Labels, Gauge>::default();
+        registry.register("machines", "Machines by phase", machines.clone());
+        Metrics {
+            registry,
+            reconciles,
+            failures,
+            duration,
+            in_flight,
+            leading,
+            certificate_expiry,
+            etcd_member_healthy,
+            ssh_step_duration,
+            machines,
+            certificate_series: Mutex::default(),
+            etcd_series: Mutex::default(),
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Mark the start of one reconcile of `controller`; the returned guard
+    /// records its outcome with [`Reconcile::finish`] (a dropped guard, as when
+    /// the reconcile is cancelled at shutdown, only ends the in-flight count).
+    pub fn reconcile(&'static self, controller: &'static str) -> Reconcile {
+        let labels = vec![("controller", controller.to_string())];
+        self.in_flight.get_or_create(&labels).inc();
+        Reconcile {
+            metrics: self,
+            labels,
+            started: Instant::now(),
+        }
+    }
+
+    /// Set whether this replica leads for `lease`.
+    pub fn set_leading(&self, lease: &str, leading: bool) {
+        self.leading
+            .get_or_create(&vec![("lease", lease.to_string())])
+            .set(i64::from(leading));
+    }
+
+    /// Replace the certificate expiry series of one Cluster: for each Secret
+    /// holding a certificate, the seconds left until its notAfter (negative
+    /// once expired). Secrets not listed stop being reported.
+    pub fn set_certificate_expiry<'a>(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        left: impl IntoIterator<Item = (&'a str, f64)>,
+    ) {
+        let series: Vec<(Labels, f64)> = left
+            .into_iter()
+            .map(|(secret, left)| (cluster_labels(namespace, cluster, "secret", secret), left))
+            .collect();
+        let keep: BTreeSet<Labels> = series.iter().map(|(l, _)| l.clone()).collect();
+        self.replace_cluster_series(
+            &self.certificate_expiry,
+            &self.certificate_series,
+            namespace,
+            cluster,
+            keep,
+        );
+        for (labels, left) in series {
+            self.certificate_expiry.get_or_create(&labels).set(left);
+        }
+    }
+
+    /// Replace the etcd member health series of one Cluster: for each member
+    /// (by name), whether it answers as healthy.
+    pub fn set_etcd_members<'a>(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        members: impl IntoIterator<Item = (&'a str, bool)>,
+    ) {
+        let series: Vec<(Labels, bool)> = members
+            .into_iter()
+            .map(|(member, ok)| (cluster_labels(namespace, cluster, "member", member), ok))
+            .collect();
+        let keep: BTreeSet<Labels> = series.iter().map(|(l, _)| l.clone()).collect();
+        self.replace_cluster_series(
+            &self.etcd_member_healthy,
+            &self.etcd_series,
+            namespace,
+            cluster,
+            keep,
+        );
+        for (labels, ok) in series {
+            self.etcd_member_healthy
+                .get_or_create(&labels)
+                .set(i64::from(ok));
+        }
+    }
+
+    /// Drop every per-cluster series of a Cluster that is gone.
+    pub fn forget_cluster(&self, namespace: &str, cluster: &str) {
+        self.replace_cluster_series(
+            &self.certificate_expiry,
+            &self.certificate_series,
+            namespace,
+            cluster,
+            BTreeSet::new(),
+        );
+        self.replace_cluster_series(
+            &self.etcd_member_healthy,
+            &self.etcd_series,
+            namespace,
+            cluster,
+            BTreeSet::new(),
+        );
+    }
+
+    /// Remove the series of `namespace/cluster` in `family` that are not in
+    /// `keep`, and remember `keep` as the cluster's series. A `Family` cannot
+    /// be listed, so the label sets are tracked beside it.
+    fn replace_cluster_series<M, C>(
+        &self,
+        family: &Family<Labels, M, C>,
+        known: &Mutex<BTreeSet<Labels>>,
+        namespace: &str,
+        cluster: &str,
+        keep: BTreeSet<Labels>,
+    ) where
+        C: prometheus_client::metrics::family::MetricConstructor<M>,
+    {
+        let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
+        let stale: Vec<Labels> = known
+            .iter()
+            .filter(|l| l.first() == Some(&("namespace", namespace.to_string())))
+            .filter(|l| l.get(1) == Some(&("cluster", cluster.to_string())))
+            .filter(|l| !keep.contains(*l))
+            .cloned()
+            .collect();
+        for labels in stale {
+            family.remove(&labels);
+            known.remove(&labels);
+        }
+        known.extend(keep);
+    }
+
+    /// Record one step run on a host over SSH.
+    pub fn observe_ssh_step(&self, step: &str, ok: bool, took: Duration) {
+        self.ssh_step_duration
+            .get_or_create(&vec![
+                ("step", step.to_string()),
+                ("result", if ok { "success" } else { "error" }.to_string()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Replace the Machines-by-phase counts; phases absent from `counts`
+    /// report 0 so a phase that empties does not keep its last value.
+    pub fn set_machines_by_phase<'a>(&self, counts: impl IntoIterator<Item = (&'a str, i64)>) {
+        let counts: Vec<(&str, i64)> = counts.into_iter().collect();
+        for phase in KNOWN_PHASES {
+            if !counts.iter().any(|(p, _)| *p == phase) {
+                self.machines
+                    .get_or_create(&vec![("phase", phase.to_string())])
+                    .set(0);
+            }
+        }
+        for (phase, n) in counts {
+            self.machines
+                .get_or_create(&vec![("phase", phase.to_string())])
+                .set(n);
+        }
+    }
+}
+
+/// Machine phases always present in `kok_machines` (0 when none).
+const KNOWN_PHASES: [&str; 7] = [
+    "Pending",
+    "Provisioning",
+    "Ready",
+    "Upgrading",
+    "Repairing",
+    "Failed",
+    "Deleting",
+];
+
+fn cluster_labels(namespace: &str, cluster: &str, key: &'static str, value: &str) -> Labels {
+    vec![
+        ("namespace", namespace.to_string()),
+        ("cluster", cluster.to_string()),
+        (key, value.to_string()),
+    ]
+}
+
+/// One reconcile being timed; see [`Metrics::reconcile`].
+pub struct Reconcile {
+    metrics: &'static Metrics,
+    labels: Labels,
+    started: Instant,
+}
+
+impl Reconcile {
+    /// Record the outcome: `Err(category)` for a failure.
+    pub fn finish(self, outcome: Result<(), &'static str>) {
+        let m = self.metrics;
+        m.reconciles.get_or_create(&self.labels).inc();
+        m.duration
+            .get_or_create(&self.labels)
+            .observe(self.started.elapsed().as_secs_f64());
+        if let Err(category) = outcome {
+            let mut labels = self.labels.clone();
+            labels.push(("category", category.to_string()));
+            m.failures.get_or_create(&labels).inc();
+        }
+    }
+}
+
+impl Drop for Reconcile {
+    fn drop(&mut self) {
+        self.metrics.in_flight.get_or_create(&self.labels).dec();
+    }
+}
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
