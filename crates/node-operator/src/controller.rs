@@ -121,6 +121,13 @@ impl Context {
         lock(&self.checked).insert(machine.to_string(), Instant::now());
     }
 
+    /// Records that the Machine's host counts as checked `ago`, unless this
+    /// process has checked it already.
+    pub fn assume_checked(&self, machine: &str, ago: Duration) {
+        let at = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
+        lock(&self.checked).entry(machine.to_string()).or_insert(at);
+    }
+
     /// Forgets a Machine (deleted).
     pub fn forget(&self, machine: &str) {
         lock(&self.checked).remove(machine);

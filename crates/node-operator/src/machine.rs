@@ -227,6 +227,17 @@ async fn converge(
         .and_then(|n| crate::repair::due(&ctx.remediations.rules, n))
         .cloned();
 
+    // A Machine that status says is Ready, with its Node Ready and nothing
+    // changed, is not visited just because this process started: its first
+    // check comes with the periodic ones, spread over the interval so a
+    // restart does not open a session to every host at once.
+    if ctx.since_check(&name).is_none()
+        && st.phase == Some(MachinePhase::Ready)
+        && node_ready
+        && st.observed_generation == generation
+    {
+        ctx.assume_checked(&name, plan::spread(&name, ctx.settings.recheck));
+    }
     let visit = plan::visit(&VisitInput {
         generation,
         observed_generation: st.observed_generation,

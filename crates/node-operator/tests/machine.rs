@@ -207,13 +207,66 @@ async fn machines_join_are_repaired_and_leave() {
             "{file} downloaded {n} times: {requests:?}"
         );
     }
+    let sessions: Vec<usize> = three.iter().map(ssh_sessions).collect();
+    eprintln!("SSH sessions per host until converged: {sessions:?}");
+
+    // No SSH session when nothing needs doing: restarted with a long re-check
+    // interval, the operator still keeps the Nodes (a label taken off is put
+    // back) but opens no session to any host.
     drop(operator);
-    let mut operator = h.operator();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    let operator = h.operator_with(&["--recheck-interval=10m"]);
+    let unlabel = json!({"metadata": {"labels": {"pool": null}}});
+    nodes
+        .patch(
+            three[1].name(),
+            &PatchParams::default(),
+            &Patch::Merge(&unlabel),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the Node's label put back",
+        Duration::from_secs(60),
+        async || {
+            let node = nodes.get(three[1].name()).await.ok()?;
+            (node.labels().get("pool").map(String::as_str) == Some("general")).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    for host in three {
+        assert_eq!(
+            phase(&machines.get(host.name()).await.unwrap()),
+            Some(MachinePhase::Ready)
+        );
+    }
+    let idle: Vec<usize> = three.iter().map(ssh_sessions).collect();
+    assert_eq!(idle, sessions, "no SSH session while nothing needs doing");
     assert_eq!(
         hosts.artifact_requests(),
         requests,
         "nothing downloaded after converging"
+    );
+    // With a short interval the periodic checks do open sessions (and
+    // still download nothing).
+    drop(operator);
+    let mut operator = h.operator();
+    wait_for(
+        "a periodic check of every host",
+        Duration::from_secs(60),
+        async || {
+            three
+                .iter()
+                .zip(&sessions)
+                .all(|(host, before)| ssh_sessions(host) > *before)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        hosts.artifact_requests(),
+        requests,
+        "nothing downloaded by periodic checks"
     );
     for host in three {
         let m = machines.get(host.name()).await.unwrap();
@@ -292,20 +345,60 @@ async fn machines_join_are_repaired_and_leave() {
         "uncordoned after the refused upgrade"
     );
 
-    // A host presenting another key than the pinned one: refused, nothing run.
+    // A Machine whose SSH key Secret does not exist yet: said so, retried
+    // with backoff, and it goes on once the Secret appears, with no change
+    // to the Machine. Its host then presents another key than the pinned
+    // one: refused, nothing run.
     let h3 = &hosts.hosts()[3];
-    apply(&machines, &machine(h3, three[0].host_public_key(), 3)).await;
-    let m = wait_for(
-        "the host-key mismatch reported",
+    let mut m3 = machine(h3, three[0].host_public_key(), 3);
+    m3.spec.ssh.private_key_secret_ref.name = "node-ssh-key-late".into();
+    apply(&machines, &m3).await;
+    let m = wait_condition(
+        &machines,
+        h3.name(),
+        "Reachable",
+        "False",
+        "SecretMissing",
         Duration::from_secs(60),
-        async || {
-            let m = machine_status(&machines, h3.name()).await?;
-            (condition(&m, "Reachable") == Some(("False", "HostKeyMismatch"))).then_some(m)
-        },
     )
     .await;
     assert_eq!(phase(&m), Some(MachinePhase::Failed));
+    assert!(
+        condition_message(&m, "Reachable")
+            .unwrap()
+            .contains("kube-system/node-ssh-key-late"),
+        "{:?}",
+        condition_message(&m, "Reachable")
+    );
+    assert!(has_event(&client, h3.name(), "SecretMissing").await);
+    let late = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("node-ssh-key-late".into()),
+            namespace: Some("kube-system".into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/ssh-auth".into()),
+        string_data: Some([("ssh-privatekey".to_string(), hosts.client_private_key_pem())].into()),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .create(&Default::default(), &late)
+        .await
+        .unwrap();
+    let m = wait_condition(
+        &machines,
+        h3.name(),
+        "Reachable",
+        "False",
+        "HostKeyMismatch",
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(phase(&m), Some(MachinePhase::Failed));
+    let message = condition_message(&m, "Reachable").unwrap();
+    assert!(message.contains("host key"), "{message}");
     assert!(has_event(&client, h3.name(), "HostKeyMismatch").await);
+    assert_eq!(ssh_sessions(h3), 0, "no session on a host with another key");
     assert_eq!(on(h3, "ls -A /opt"), "", "nothing was run on the host");
 
     // The right key, and the host cut off once installing has begun: it
@@ -323,32 +416,45 @@ async fn machines_join_are_repaired_and_leave() {
     )
     .await;
     h3.cut_off().unwrap();
-    let m = wait_for(
-        "the host reported unreachable",
+    let m = wait_condition(
+        &machines,
+        h3.name(),
+        "Reachable",
+        "False",
+        "Unreachable",
         Duration::from_secs(90),
-        async || {
-            let m = machine_status(&machines, h3.name()).await?;
-            (condition(&m, "Reachable").map(|c| c.0) == Some("False")).then_some(m)
-        },
     )
     .await;
-    eprintln!("cut-off host: {:?}", condition(&m, "Reachable"));
+    eprintln!(
+        "cut-off host: {:?} {:?}",
+        phase(&m),
+        condition_message(&m, "Reachable")
+    );
+    assert!(has_event(&client, h3.name(), "Unreachable").await);
     h3.reconnect().unwrap();
     wait_ready(&machines, h3.name(), Duration::from_secs(150)).await;
     eprintln!("cut-off host converged at {:?}", started.elapsed());
 
     // Deleting a Machine drains and removes its Node and its packages.
+    let t = Instant::now();
     machines
         .delete(h3.name(), &DeleteParams::default())
         .await
         .unwrap();
-    wait_for("the Machine gone", Duration::from_secs(60), async || {
+    wait_for("the Machine gone", Duration::from_secs(90), async || {
         machine_status(&machines, h3.name())
             .await
             .is_none()
             .then_some(())
     })
     .await;
+    eprintln!("Machine offboarded in {:?}", t.elapsed());
+    for reason in ["Drained", "HostCleaned", "NodeDeleted"] {
+        assert!(
+            has_event(&client, h3.name(), reason).await,
+            "{reason} Event on the deleted Machine"
+        );
+    }
     assert!(
         nodes.get_opt(h3.name()).await.unwrap().is_none(),
         "Node deleted"

@@ -244,6 +244,17 @@ pub fn visit(input: &VisitInput<'_>) -> Visit {
     Visit::NotNow(input.recheck - since)
 }
 
+/// A stable point within `interval` for `machine`, so that periodic checks
+/// of many Machines do not all fall at the same moment.
+pub fn spread(machine: &str, interval: Duration) -> Duration {
+    // FNV-1a: stable across processes and releases, unlike the std hasher.
+    let hash = machine.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(hash % millis.max(1))
+}
+
 /// Whether the Node is Ready (a missing Node is not).
 pub fn ready(node: Option<&Node>) -> bool {
     node.is_some_and(node_ready)
@@ -252,6 +263,19 @@ pub fn ready(node: Option<&Node>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spread_is_stable_and_within_the_interval() {
+        let interval = Duration::from_secs(300);
+        let a = spread("worker-a1", interval);
+        assert_eq!(a, spread("worker-a1", interval));
+        assert!(a < interval);
+        let distinct: BTreeSet<Duration> = (0..20)
+            .map(|i| spread(&format!("worker-{i}"), interval))
+            .collect();
+        assert!(distinct.len() > 10, "{distinct:?}");
+        assert_eq!(spread("x", Duration::ZERO), Duration::ZERO);
+    }
     use kube_on_kube_api::machine::{KubeletSpec, MachineSpec, SshSpec};
     use kube_on_kube_api::shared::SecretKeyRef;
 

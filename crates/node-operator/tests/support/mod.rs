@@ -469,6 +469,29 @@ pub async fn has_event(client: &Client, name: &str, reason: &str) -> bool {
         .any(|e| e.reason.as_deref() == Some(reason))
 }
 
+/// Where each host records the SSH sessions (channels) sshd opened for it.
+pub const SESSION_LOG: &str = "/root/ssh-sessions";
+
+/// Makes sshd on `host` record every session it opens (a command, a shell,
+/// a subsystem; each channel of a multiplexed connection counts), through
+/// root's `~/.ssh/rc`, which sshd runs before each one. `/root` must be one of
+/// the host's private directories.
+pub fn count_ssh_sessions(host: &TestHost) {
+    let rc = host.path_on_host("/root/.ssh/rc").unwrap();
+    std::fs::create_dir_all(rc.parent().unwrap()).unwrap();
+    // Whatever rc prints would reach the session's output: it prints nothing.
+    std::fs::write(&rc, format!("echo session >> {SESSION_LOG} 2>/dev/null\n")).unwrap();
+}
+
+/// How many SSH sessions `host` has opened since [`count_ssh_sessions`],
+/// read from the machine's side so reading it opens none.
+pub fn ssh_sessions(host: &TestHost) -> usize {
+    let log = host.path_on_host(SESSION_LOG).unwrap();
+    std::fs::read_to_string(log)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
 /// How many artifact requests asked for `file`.
 pub fn count(requests: &[String], file: &str) -> usize {
     requests.iter().filter(|r| r.ends_with(file)).count()
@@ -515,9 +538,16 @@ impl Harness {
         let client = env.client().await;
         let hosts = TestHosts::start_with(HostsOptions {
             count: options.hosts,
-            extra_private_dirs: vec!["/etc/sysctl.d".into(), "/etc/containerd".into()],
+            extra_private_dirs: vec![
+                "/etc/sysctl.d".into(),
+                "/etc/containerd".into(),
+                "/root".into(),
+            ],
         })
         .unwrap();
+        for host in hosts.hosts() {
+            count_ssh_sessions(host);
+        }
         let api_port: u16 = env.api_url().rsplit(':').next().unwrap().parse().unwrap();
         let proxy = TcpProxy::start(hosts.gateway_ip(), ([127, 0, 0, 1], api_port).into()).unwrap();
         let server = format!("https://{}", proxy.addr());
@@ -597,4 +627,265 @@ impl Harness {
             wait_ready(&api, host.name(), timeout).await;
         }
     }
+}
+
+/// One change of a watched object as a [`Recorder`] saw it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The object's resourceVersion: the etcd revision of the change, so
+    /// changes of different kinds order by it.
+    pub rv: u64,
+    /// When the test received it.
+    pub seen: std::time::SystemTime,
+    /// `Machine`, `Node`, `Pod`, `CanaryRelease`…
+    pub kind: &'static str,
+    /// Object name (namespace/name for namespaced objects).
+    pub name: String,
+    /// The object after the change; None once deleted.
+    pub object: Option<serde_json::Value>,
+}
+
+/// Records every change of the watched kinds from the moment it starts: a
+/// list for the state then, then a watch from the list's resourceVersion, so
+/// no short-lived state is missed as a polling loop would miss it.
+pub struct Recorder {
+    changes: std::sync::Arc<std::sync::Mutex<Vec<Change>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Recorder {
+    /// A recorder watching nothing yet.
+    pub fn new() -> Recorder {
+        Recorder {
+            changes: Default::default(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Also records `kind` objects of `api`; returns once their state now is
+    /// recorded.
+    pub async fn watch<K>(&mut self, api: Api<K>, kind: &'static str)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize,
+        K: std::fmt::Debug + Send + Sync + 'static,
+    {
+        let changes = self.changes.clone();
+        let rv = Self::list(&api, kind, &changes).await;
+        self.tasks
+            .push(tokio::spawn(Self::follow(api, kind, changes, rv)));
+    }
+
+    async fn list<K>(
+        api: &Api<K>,
+        kind: &'static str,
+        changes: &std::sync::Mutex<Vec<Change>>,
+    ) -> String
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize,
+        K: std::fmt::Debug,
+    {
+        let list = api.list(&ListParams::default()).await.unwrap();
+        let seen = std::time::SystemTime::now();
+        let mut out = changes.lock().unwrap();
+        for obj in &list.items {
+            out.push(Self::change(kind, obj, seen, false));
+        }
+        list.metadata.resource_version.unwrap_or_default()
+    }
+
+    fn change<K>(kind: &'static str, obj: &K, seen: std::time::SystemTime, gone: bool) -> Change
+    where
+        K: kube::Resource + serde::Serialize,
+    {
+        let name = match obj.meta().namespace.as_deref() {
+            Some(ns) => format!("{ns}/{}", obj.name_any()),
+            None => obj.name_any(),
+        };
+        Change {
+            rv: obj
+                .meta()
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            seen,
+            kind,
+            name,
+            object: (!gone).then(|| serde_json::to_value(obj).unwrap()),
+        }
+    }
+
+    async fn follow<K>(
+        api: Api<K>,
+        kind: &'static str,
+        changes: std::sync::Arc<std::sync::Mutex<Vec<Change>>>,
+        mut rv: String,
+    ) where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize,
+        K: std::fmt::Debug + Send + 'static,
+    {
+        use futures::StreamExt as _;
+        use kube::api::{WatchEvent, WatchParams};
+        loop {
+            let stream = match api.watch(&WatchParams::default().timeout(240), &rv).await {
+                Ok(s) => s,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let mut stream = std::pin::pin!(stream);
+            let mut relist = false;
+            while let Some(event) = stream.next().await {
+                let seen = std::time::SystemTime::now();
+                let (obj, gone) = match event {
+                    Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => (o, false),
+                    Ok(WatchEvent::Deleted(o)) => (o, true),
+                    Ok(WatchEvent::Bookmark(b)) => {
+                        rv = b.metadata.resource_version;
+                        continue;
+                    }
+                    Ok(WatchEvent::Error(_)) | Err(_) => {
+                        relist = true;
+                        break;
+                    }
+                };
+                if let Some(v) = obj.meta().resource_version.clone() {
+                    rv = v;
+                }
+                changes
+                    .lock()
+                    .unwrap()
+                    .push(Self::change(kind, &obj, seen, gone));
+            }
+            if relist {
+                // The watch expired: the state now, then on from there.
+                rv = Self::list(&api, kind, &changes).await;
+            }
+        }
+    }
+
+    /// Every change so far, in etcd order.
+    pub fn changes(&self) -> Vec<Change> {
+        let mut out = self.changes.lock().unwrap().clone();
+        out.sort_by_key(|c| c.rv);
+        out
+    }
+
+    /// Stops watching; every change recorded, in etcd order.
+    pub fn stop(self) -> Vec<Change> {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.changes()
+    }
+}
+
+/// The objects as they stood after each recorded change, replayed in etcd
+/// order.
+#[derive(Debug, Default, Clone)]
+pub struct Replay {
+    /// Kind → name → object.
+    pub objects: BTreeMap<&'static str, BTreeMap<String, serde_json::Value>>,
+}
+
+impl Replay {
+    /// Applies one change.
+    pub fn apply(&mut self, change: &Change) {
+        let of_kind = self.objects.entry(change.kind).or_default();
+        match &change.object {
+            Some(o) => {
+                of_kind.insert(change.name.clone(), o.clone());
+            }
+            None => {
+                of_kind.remove(&change.name);
+            }
+        }
+    }
+
+    /// The `kind` object `name` now, typed.
+    pub fn get<K: serde::de::DeserializeOwned>(&self, kind: &str, name: &str) -> Option<K> {
+        self.objects
+            .get(kind)?
+            .get(name)
+            .map(|v| serde_json::from_value(v.clone()).unwrap())
+    }
+
+    /// Every `kind` object now, typed.
+    pub fn all<K: serde::de::DeserializeOwned>(&self, kind: &str) -> Vec<K> {
+        self.objects
+            .get(kind)
+            .map(|m| {
+                m.values()
+                    .map(|v| serde_json::from_value(v.clone()).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A PackageVersion of the test kubelet at `version`, packed as
+/// `kubelet-<version>.tar.gz`, like the example kubelet otherwise.
+pub fn kubelet_version(h: &Harness, version: &str) -> PackageVersion {
+    let file = format!("kubelet-{version}.tar.gz");
+    let sha = pack_kubelet(&h.hosts, &file, version);
+    package_version_like(
+        &h.package_versions,
+        &h.hosts,
+        "kubelet",
+        &format!("kubelet-{version}"),
+        version,
+        &file,
+        &sha,
+    )
+}
+
+/// The PackageVersion (kind, name) the Machine has installed for `package`,
+/// and whether it passed its health check.
+pub fn installed(m: &Machine, package: &str) -> Option<(String, bool)> {
+    let i = m.status.as_ref()?.installed.get(package)?;
+    Some((i.package_version.clone(), i.healthy))
+}
+
+/// Waits until the Machine is Ready with `package` at PackageVersion `pv`,
+/// healthy.
+pub async fn wait_at(
+    api: &Api<Machine>,
+    name: &str,
+    package: &str,
+    pv: &str,
+    timeout: Duration,
+) -> Machine {
+    wait_for(
+        &format!("Machine {name} Ready at {pv}"),
+        timeout,
+        async || {
+            let m = machine_status(api, name).await?;
+            (phase(&m) == Some(MachinePhase::Ready)
+                && installed(&m, package) == Some((pv.to_string(), true)))
+            .then_some(m)
+        },
+    )
+    .await
+}
+
+/// A bare Pod bound to Node `node` (no scheduler needed), for drains to evict.
+pub fn pod_on(node: &str, name: &str) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }))
+    .unwrap()
 }
