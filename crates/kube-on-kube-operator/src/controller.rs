@@ -27,6 +27,9 @@ use crate::render::control_plane;
 use crate::render::etcd;
 use crate::{Error, addons, certs, rollout, secrets, status};
 
+/// The longest a settled Cluster waits for its next reconcile.
+const IDLE_RECHECK: Duration = Duration::from_secs(3600);
+
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
 
@@ -367,7 +370,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
                     }
                     (
                         secrets::merged(&existing, &outcome.changes),
-                        outcome.earliest_expiry.map(to_jiff),
+                        outcome.earliest_expiry,
                         None,
                     )
                 }
@@ -438,7 +441,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         controller_manager: Some(&controller_manager),
         scheduler: Some(&scheduler),
         endpoint,
-        certificates_expire_at: expiry,
+        certificates_expire_at: expiry.map(to_jiff),
         certificates_error,
         addons,
         version: &version,
@@ -446,16 +449,23 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         etcd: Some(&etcd_report),
         upgrade: Some(&upgrade_plan),
     };
+    crate::metrics::record(&names, &all_secrets, &etcd_report);
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
     kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
-    // Requeue soon while converging; certificates are re-checked at least hourly.
+    // Requeue soon while converging; certificates are re-checked at least
+    // hourly, and when the first one is due for renewal (which, with a short
+    // validity, can be sooner than anything else would wake the reconcile).
+    let idle = expiry.map_or(IDLE_RECHECK, |at| {
+        secrets::until_renewal(at, renew_before, OffsetDateTime::now_utc())
+            .clamp(Duration::from_secs(1), IDLE_RECHECK)
+    });
     Ok(Action::requeue(if let Some(soon) = etcd_report.requeue {
-        soon
+        soon.min(idle)
     } else if ready {
-        Duration::from_secs(3600)
+        idle
     } else {
-        Duration::from_secs(10)
+        Duration::from_secs(10).min(idle)
     }))
 }
 

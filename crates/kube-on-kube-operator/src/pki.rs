@@ -286,6 +286,9 @@ pub struct CertInfo {
     pub dns_names: Vec<String>,
     pub ips: Vec<IpAddr>,
     pub not_after: OffsetDateTime,
+    /// Serial number in hex, to tell a reissued certificate from the one
+    /// before it.
+    pub serial: String,
     /// Subject of the issuer, as text.
     pub issuer: String,
     /// Authority key identifier, to tell which CA key signed it.
@@ -318,6 +321,7 @@ pub fn inspect(cert_pem: &str) -> Result<CertInfo, PkiError> {
         dns_names: Vec::new(),
         ips: Vec::new(),
         not_after: cert.validity().not_after.to_datetime(),
+        serial: cert.raw_serial_as_string(),
         issuer: cert.issuer().to_string(),
         authority_key_id: None,
         subject_key_id: None,

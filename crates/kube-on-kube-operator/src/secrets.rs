@@ -259,6 +259,20 @@ fn note_expiry(out: &mut Outcome, at: OffsetDateTime) {
     out.earliest_expiry = Some(out.earliest_expiry.map_or(at, |e| e.min(at)));
 }
 
+/// How long until the first leaf certificate that expires at
+/// `earliest_expiry` is due for renewal (`renew_before` ahead of it), so the
+/// reconcile comes back then even when nothing else changes. A second past
+/// the due time, so that the renewal check sees it due; zero when it is
+/// already due.
+pub fn until_renewal(
+    earliest_expiry: OffsetDateTime,
+    renew_before: Duration,
+    now: OffsetDateTime,
+) -> Duration {
+    let due = earliest_expiry - renew_before + Duration::from_secs(1);
+    Duration::try_from(due - now).unwrap_or(Duration::ZERO)
+}
+
 /// Apply `changes` to `existing` as the API server would, for tests and for
 /// computing config hashes before the writes land.
 pub fn merged(existing: &BTreeMap<String, Secret>, changes: &[Change]) -> BTreeMap<String, Secret> {
@@ -288,6 +302,24 @@ mod tests {
 
     fn at(secs: i64) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000 + secs).expect("time")
+    }
+
+    #[test]
+    fn the_reconcile_returns_when_the_first_certificate_is_due() {
+        let ten_minutes = Duration::from_secs(600);
+        let seven_and_a_half = Duration::from_secs(450);
+        assert_eq!(
+            until_renewal(at(600), seven_and_a_half, at(0)),
+            Duration::from_secs(151)
+        );
+        assert_eq!(
+            until_renewal(at(600), seven_and_a_half, at(200)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            until_renewal(at(600), ten_minutes, at(0)),
+            Duration::from_secs(1)
+        );
     }
 
     fn run(
