@@ -2,15 +2,18 @@
 //! and count every reconcile in the metrics, report the controller's cache in
 //! `/readyz`, log each reconcile outcome and stop cleanly on SIGTERM/SIGINT.
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
-use kube::Resource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 /// Run `controller` until SIGTERM/SIGINT with `reconcile` and `error_policy`,
@@ -25,13 +28,17 @@ pub async fn run<K, Ctx, E, Fut>(
     category: fn(&E) -> &'static str,
 ) where
     K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Debug + Eq + Hash + Clone + Unpin + Send + Sync,
+    K::DynamicType: Debug + Eq + Hash + Clone + Unpin + Send + Sync + Default,
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
 {
-    crate::health::global().track(name, controller.store());
+    let store = controller.store();
+    crate::health::global().track(name, store.clone());
     let metrics = crate::metrics::global();
+    if K::kind(&K::DynamicType::default()) == "Cluster" {
+        tokio::spawn(forget_deleted_clusters(store));
+    }
     let timed = move |obj: Arc<K>, ctx: Arc<Ctx>| {
         let reconciled = reconcile(obj, ctx);
         async move {
@@ -45,6 +52,27 @@ pub async fn run<K, Ctx, E, Fut>(
         .shutdown_on_signal()
         .run(timed, error_policy, ctx);
     drive(name, stream).await;
+}
+
+/// Every minute, drop the per-cluster metric series of Clusters that are no
+/// longer in the controller's cache (deleted ones are not reconciled again).
+async fn forget_deleted_clusters<K>(store: Store<K>)
+where
+    K: Clone + Resource + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
+{
+    if store.wait_until_ready().await.is_err() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let live: BTreeSet<(String, String)> = store
+            .state()
+            .iter()
+            .map(|o| (o.namespace().unwrap_or_default(), o.name_any()))
+            .collect();
+        crate::metrics::global().retain_clusters(&live);
+    }
 }
 
 /// Consume a controller's result stream until it ends (on shutdown), logging

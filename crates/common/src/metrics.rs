@@ -6,10 +6,14 @@
 //! so a reconciler can record a value without threading a handle through
 //! every function.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -31,12 +35,11 @@ pub struct Metrics {
     duration: HistogramFamily,
     in_flight: Family<Labels, Gauge>,
     leading: Family<Labels, Gauge>,
-    certificate_expiry: Family<Labels, Gauge<f64, AtomicU64>>,
+    certificate_expiry: Arc<CertificateExpiry>,
     etcd_member_healthy: Family<Labels, Gauge>,
     ssh_step_duration: HistogramFamily,
     machines: Family<Labels, Gauge>,
     /// Label sets of the per-cluster series, so a cluster's stale ones can be removed.
-    certificate_series: Mutex<BTreeSet<Labels>>,
     etcd_series: Mutex<BTreeSet<Labels>>,
 }
 
@@ -90,12 +93,8 @@ impl Metrics {
             "1 while this replica holds the leader-election Lease (and runs the controllers), else 0",
             leading.clone(),
         );
-        let certificate_expiry = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "certificate_expiry_seconds",
-            "Seconds until a business-cluster certificate's notAfter, by namespace, cluster and Secret",
-            certificate_expiry.clone(),
-        );
+        let certificate_expiry = Arc::new(CertificateExpiry::default());
+        registry.register_collector(Box::new(certificate_expiry.clone()));
         let etcd_member_healthy = Family::<Labels, Gauge>::default();
         registry.register(
             "etcd_member_healthy",
@@ -121,7 +120,6 @@ impl Metrics {
             etcd_member_healthy,
             ssh_step_duration,
             machines,
-            certificate_series: Mutex::default(),
             etcd_series: Mutex::default(),
         }
     }
@@ -154,29 +152,21 @@ impl Metrics {
             .set(i64::from(leading));
     }
 
-    /// Replace the certificate expiry series of one Cluster: for each Secret
-    /// holding a certificate, the seconds left until its notAfter (negative
-    /// once expired). Secrets not listed stop being reported.
-    pub fn set_certificate_expiry<'a>(
+    /// Replace the certificates of one Cluster reported in
+    /// `kok_certificate_expiry_seconds`: for each Secret holding a
+    /// certificate, its notAfter in seconds since the Unix epoch. The metric
+    /// is the time left at scrape time (negative once expired), so it stays
+    /// true between reconciles. Secrets not listed stop being reported.
+    pub fn set_certificates<'a>(
         &self,
         namespace: &str,
         cluster: &str,
-        left: impl IntoIterator<Item = (&'a str, f64)>,
+        not_after: impl IntoIterator<Item = (&'a str, i64)>,
     ) {
-        let series: Vec<(Labels, f64)> = left
-            .into_iter()
-            .map(|(secret, left)| (cluster_labels(namespace, cluster, "secret", secret), left))
-            .collect();
-        let keep: BTreeSet<Labels> = series.iter().map(|(l, _)| l.clone()).collect();
-        self.replace_cluster_series(
-            &self.certificate_expiry,
-            &self.certificate_series,
-            namespace,
-            cluster,
-            keep,
-        );
-        for (labels, left) in series {
-            self.certificate_expiry.get_or_create(&labels).set(left);
+        let mut map = self.certificate_expiry.lock();
+        map.retain(|labels, _| !of_cluster(labels, namespace, cluster));
+        for (secret, at) in not_after {
+            map.insert(cluster_labels(namespace, cluster, "secret", secret), at);
         }
     }
 
@@ -209,13 +199,9 @@ impl Metrics {
 
     /// Drop every per-cluster series of a Cluster that is gone.
     pub fn forget_cluster(&self, namespace: &str, cluster: &str) {
-        self.replace_cluster_series(
-            &self.certificate_expiry,
-            &self.certificate_series,
-            namespace,
-            cluster,
-            BTreeSet::new(),
-        );
+        self.certificate_expiry
+            .lock()
+            .retain(|labels, _| !of_cluster(labels, namespace, cluster));
         self.replace_cluster_series(
             &self.etcd_member_healthy,
             &self.etcd_series,
@@ -223,6 +209,30 @@ impl Metrics {
             cluster,
             BTreeSet::new(),
         );
+    }
+
+    /// Drop the per-cluster series of every Cluster not in `live`
+    /// (`(namespace, name)` pairs).
+    pub fn retain_clusters(&self, live: &BTreeSet<(String, String)>) {
+        let mut gone = BTreeSet::new();
+        let key = |labels: &Labels| match (labels.first(), labels.get(1)) {
+            (Some(("namespace", ns)), Some(("cluster", name))) => Some((ns.clone(), name.clone())),
+            _ => None,
+        };
+        for labels in self.certificate_expiry.lock().keys() {
+            gone.extend(key(labels));
+        }
+        for labels in self
+            .etcd_series
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            gone.extend(key(labels));
+        }
+        for (ns, name) in gone.difference(live) {
+            self.forget_cluster(ns, name);
+        }
     }
 
     /// Remove the series of `namespace/cluster` in `family` that are not in
@@ -241,8 +251,7 @@ impl Metrics {
         let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
         let stale: Vec<Labels> = known
             .iter()
-            .filter(|l| l.first() == Some(&("namespace", namespace.to_string())))
-            .filter(|l| l.get(1) == Some(&("cluster", cluster.to_string())))
+            .filter(|l| of_cluster(l, namespace, cluster))
             .filter(|l| !keep.contains(*l))
             .cloned()
             .collect();
@@ -293,6 +302,46 @@ const KNOWN_PHASES: [&str; 7] = [
     "Deleting",
 ];
 
+fn of_cluster(labels: &Labels, namespace: &str, cluster: &str) -> bool {
+    matches!((labels.first(), labels.get(1)),
+        (Some(("namespace", ns)), Some(("cluster", name))) if ns == namespace && name == cluster)
+}
+
+/// `kok_certificate_expiry_seconds`, computed from each certificate's
+/// notAfter when scraped.
+#[derive(Debug, Default)]
+struct CertificateExpiry {
+    not_after: Mutex<BTreeMap<Labels, i64>>,
+}
+
+impl CertificateExpiry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Labels, i64>> {
+        self.not_after.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Collector for CertificateExpiry {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        let map = self.lock();
+        let mut family = encoder.encode_descriptor(
+            "certificate_expiry_seconds",
+            "Seconds until a business-cluster certificate's notAfter (negative once expired), by namespace, cluster and Secret",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (labels, at) in map.iter() {
+            #[allow(clippy::cast_precision_loss)]
+            let left = *at as f64 - now;
+            ConstGauge::new(left).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 fn cluster_labels(namespace: &str, cluster: &str, key: &'static str, value: &str) -> Labels {
     vec![
         ("namespace", namespace.to_string()),
@@ -328,6 +377,29 @@ impl Drop for Reconcile {
     fn drop(&mut self) {
         self.metrics.in_flight.get_or_create(&self.labels).dec();
     }
+}
+
+/// Keep `kok_machines` up to date from a cache of Machines: every 10 s,
+/// count them by `phase` (no phase yet counts as Pending).
+pub fn count_by_phase<K>(store: kube::runtime::reflector::Store<K>, phase: fn(&K) -> Option<String>)
+where
+    K: kube::runtime::reflector::Lookup + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_err() {
+            return;
+        }
+        loop {
+            let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+            for object in store.state() {
+                let p = phase(&object).unwrap_or_else(|| "Pending".to_string());
+                *counts.entry(p).or_default() += 1;
+            }
+            global().set_machines_by_phase(counts.iter().map(|(p, n)| (p.as_str(), *n)));
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    });
 }
 
 /// The process's metrics.

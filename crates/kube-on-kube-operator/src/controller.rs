@@ -450,6 +450,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         upgrade: Some(&upgrade_plan),
     };
     crate::metrics::record(&names, &all_secrets, &etcd_report);
+    crate::metrics::record(&names, &all_secrets, &etcd_report);
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
     kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;

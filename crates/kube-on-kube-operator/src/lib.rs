@@ -9,6 +9,7 @@ pub mod error;
 pub mod etcd;
 pub mod etcd_api;
 pub mod membership;
+pub mod metrics;
 pub mod names;
 pub mod pki;
 pub mod render;

@@ -208,6 +208,9 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
         watcher::Config::default(),
     );
     let store = controller.store();
+    kok_common::metrics::count_by_phase(controller.store(), |m: &Machine| {
+        Some(format!("{:?}", m.status.as_ref()?.phase.as_ref()?))
+    });
     let controller = controller
         .with_config(config)
         .watches(

@@ -230,7 +230,11 @@ impl<'a> Host<'a> {
     }
 
     async fn checked(&self, step: &'static str, script: &str) -> Result<Output, Error> {
-        let output = self.session.run(script).await?;
+        let started = std::time::Instant::now();
+        let output = self.session.run(script).await;
+        let ok = output.as_ref().is_ok_and(|o| o.success());
+        kok_common::metrics::global().observe_ssh_step(step, ok, started.elapsed());
+        let output = output?;
         if !output.success() {
             return Err(Error::Step {
                 host: self.session.host().to_string(),

@@ -514,7 +514,11 @@ impl<'a> Installer<'a> {
     }
 
     async fn step(&self, step: &'static str, script: &str) -> Result<(Output, StepOutput), Error> {
-        let output = self.session.run(script).await?;
+        let started = std::time::Instant::now();
+        let output = self.session.run(script).await;
+        let ok = output.as_ref().is_ok_and(|o| o.success());
+        kok_common::metrics::global().observe_ssh_step(step, ok, started.elapsed());
+        let output = output?;
         tracing::debug!(host = %self.session.host(), step, status = output.status, "install step ran");
         let summary = StepOutput {
             step,
