@@ -402,13 +402,17 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     let mut applied: Vec<String> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
     let mut unknown = false;
+    let mut invalid = false;
     let mut node_operator_values = None;
     for plan in &plans {
         match plan {
             Plan::Apply(planned) => {
                 let label = format!("{}@{}", planned.name, planned.version);
                 let result = match render::render(planned, cluster, &facts, &settings) {
-                    Err(e) => Err(e),
+                    Err(e) => {
+                        invalid = true;
+                        Err(e)
+                    }
                     Ok(rendered) => {
                         let record = inventory.get(&planned.name);
                         let fresh = match record {
@@ -605,14 +609,44 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
             Err(e) => failed.push(format!("deleting Deployment {deployment_name}: {e}")),
         }
     }
-    summarize(&applied, &failed, unknown, node_operator)
+    let trouble = if unknown {
+        Some(Trouble::UnknownAddon)
+    } else if invalid {
+        Some(Trouble::InvalidTemplate)
+    } else if !failed.is_empty() {
+        Some(Trouble::ApplyFailed)
+    } else {
+        None
+    };
+    summarize(&applied, &failed, trouble, node_operator)
+}
+
+/// The worst thing that went wrong in a pass, for the condition's reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trouble {
+    /// `spec.addons` names an add-on or version no template provides.
+    UnknownAddon,
+    /// A template could not be rendered into objects.
+    InvalidTemplate,
+    /// Rendered objects could not be applied or removed.
+    ApplyFailed,
+}
+
+impl Trouble {
+    fn reason(self) -> &'static str {
+        match self {
+            Trouble::UnknownAddon => "UnknownAddon",
+            Trouble::InvalidTemplate => "InvalidTemplate",
+            Trouble::ApplyFailed => "ApplyFailed",
+        }
+    }
 }
 
 /// The AddonsReady outcome from what happened.
 pub fn summarize(
     applied: &[String],
     failed: &[String],
-    unknown: bool,
+    trouble: Option<Trouble>,
     node_operator: Option<(i32, i32)>,
 ) -> Report {
     let mut message = String::new();
@@ -624,10 +658,10 @@ pub fn summarize(
         message.push_str(&format!("; node-operator {ready}/{want} ready"));
     }
     let operator_ready = node_operator.is_none_or(|(ready, want)| ready >= want);
-    let (ready, reason) = if unknown {
-        (false, "UnknownAddon")
+    let (ready, reason) = if let Some(trouble) = trouble {
+        (false, trouble.reason())
     } else if !failed.is_empty() {
-        (false, "ApplyFailed")
+        (false, Trouble::ApplyFailed.reason())
     } else if !operator_ready {
         (false, "NodeOperatorNotReady")
     } else {
@@ -647,26 +681,38 @@ mod tests {
     #[test]
     fn summary_names_failures_first_and_the_node_operator() {
         let applied = vec!["bootstrap@0.1.0".to_string(), "coredns@1.12.1".to_string()];
-        let ok = summarize(&applied, &[], false, Some((1, 1)));
+        let ok = summarize(&applied, &[], None, Some((1, 1)));
         assert!(ok.ready);
         assert_eq!(ok.reason, "Applied");
         assert_eq!(
             ok.message,
             "applied: bootstrap@0.1.0, coredns@1.12.1; node-operator 1/1 ready"
         );
-        let waiting = summarize(&applied, &[], false, Some((0, 1)));
+        let waiting = summarize(&applied, &[], None, Some((0, 1)));
         assert_eq!(
             (waiting.ready, waiting.reason),
             (false, "NodeOperatorNotReady")
         );
-        let bad = summarize(&applied, &["x@1.0.0: no template".into()], true, None);
+        let bad = summarize(
+            &applied,
+            &["x@1.0.0: no template".into()],
+            Some(Trouble::UnknownAddon),
+            None,
+        );
         assert_eq!((bad.ready, bad.reason), (false, "UnknownAddon"));
         assert!(
             bad.message
                 .starts_with("failed: x@1.0.0: no template; applied: bootstrap@0.1.0")
         );
-        let failed = summarize(&applied, &["y: refused".into()], false, Some((1, 1)));
+        let failed = summarize(&applied, &["y: refused".into()], None, Some((1, 1)));
         assert_eq!(failed.reason, "ApplyFailed");
+        let invalid = summarize(
+            &applied,
+            &["z@1.0.0: template: no value for values.x".into()],
+            Some(Trouble::InvalidTemplate),
+            Some((1, 1)),
+        );
+        assert_eq!((invalid.ready, invalid.reason), (false, "InvalidTemplate"));
     }
 
     #[test]
