@@ -13,19 +13,19 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
-use kube::runtime::events::EventType;
-use kube::{Client, ResourceExt};
+use kube::runtime::events::{Event, EventType};
+use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::shared::{CLUSTER_LABEL, COMPONENT_LABEL};
 use serde::{Deserialize, Serialize};
 
-use crate::controller::{Context, MANAGER, publish};
+use crate::controller::{Context, MANAGER};
 use crate::names::{Component, Names};
 use crate::render::addons::{self as render, Facts, Plan, Settings};
 use crate::render::control_plane::internal_api_url;
@@ -343,6 +343,44 @@ fn node_operator_hash(inputs: &Inputs<'_>, image: &str) -> String {
     config_hash([("kubeconfig", data), ("image", image.as_bytes())])
 }
 
+/// Publish an Event on the Cluster about one add-on (`addon`: its name, or
+/// name@version). The Event's related object is the add-on's entry in the
+/// inventory ConfigMap: the recorder folds Events with the same reason,
+/// action and objects into one series that keeps the first note, so without
+/// it "applied coredns" would hide every later "applied …" on the Cluster.
+async fn addon_event(
+    ctx: &Context,
+    inputs: &Inputs<'_>,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    addon: &str,
+    note: String,
+) {
+    let related = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some(inputs.names.namespace.clone()),
+        name: Some(inventory_name(inputs.names)),
+        field_path: Some(format!("data[{INVENTORY_KEY}].{addon}")),
+        ..Default::default()
+    };
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: Some(related),
+    };
+    if let Err(e) = ctx
+        .recorder
+        .publish(&event, &inputs.cluster.object_ref(&()))
+        .await
+    {
+        tracing::debug!(error = %e, "cannot publish event");
+    }
+}
+
 /// Converge every add-on of one Cluster and say how that went.
 pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     let cluster = inputs.cluster;
@@ -446,12 +484,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                                             record.is_none_or(|r| r.hash != rendered.hash);
                                         let pruned = delete_objects(&business, &dropped).await;
                                         if changed {
-                                            publish(
+                                            addon_event(
                                                 ctx,
-                                                cluster,
+                                                inputs,
                                                 EventType::Normal,
                                                 "AddonApplied",
                                                 "ApplyAddon",
+                                                &label,
                                                 format!("applied {label} ({} objects)", refs.len()),
                                             )
                                             .await;
@@ -480,12 +519,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                         }
                     }
                     Err(e) => {
-                        publish(
+                        addon_event(
                             ctx,
-                            cluster,
+                            inputs,
                             EventType::Warning,
                             "AddonFailed",
                             "ApplyAddon",
+                            &label,
                             format!("{label}: {e}"),
                         )
                         .await;
@@ -499,13 +539,15 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                 reason,
             } => {
                 unknown = true;
-                let message = format!("{name}@{version}: {reason}");
-                publish(
+                let label = format!("{name}@{version}");
+                let message = format!("{label}: {reason}");
+                addon_event(
                     ctx,
-                    cluster,
+                    inputs,
                     EventType::Warning,
                     "AddonFailed",
                     "ResolveAddon",
+                    &label,
                     message.clone(),
                 )
                 .await;
@@ -533,23 +575,25 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
         match delete_objects(&business, &objects).await {
             Ok(()) => {
                 inventory.remove(&name);
-                publish(
+                addon_event(
                     ctx,
-                    cluster,
+                    inputs,
                     EventType::Normal,
                     "AddonRemoved",
                     "RemoveAddon",
+                    &name,
                     format!("removed {name}"),
                 )
                 .await;
             }
             Err(e) => {
-                publish(
+                addon_event(
                     ctx,
-                    cluster,
+                    inputs,
                     EventType::Warning,
                     "AddonFailed",
                     "RemoveAddon",
+                    &name,
                     format!("{name}: {e}"),
                 )
                 .await;
@@ -595,12 +639,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
             .await
         {
             Ok(_) => {
-                publish(
+                addon_event(
                     ctx,
-                    cluster,
+                    inputs,
                     EventType::Normal,
                     "AddonRemoved",
-                    "RemoveAddon",
+                    "RemoveDeployment",
+                    render::NODE_OPERATOR,
                     format!("removed Deployment {deployment_name}"),
                 )
                 .await;

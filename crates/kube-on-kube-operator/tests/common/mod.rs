@@ -21,6 +21,27 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, Placement};
 use serde_json::json;
 
+/// The node-operator binary, for the image of its Deployment:
+/// `KOK_NODE_OPERATOR`, else beside the running test in the same profile
+/// directory (`target/debug/node-operator` for `target/debug/deps/x`).
+pub fn node_operator_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("KOK_NODE_OPERATOR") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("node-operator"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "no node-operator binary next to {}: run `cargo build --workspace --bins` first (or set KOK_NODE_OPERATOR)",
+                exe.display()
+            )
+        })
+}
+
 /// Start a Pod runner with three control-plane nodes, the operator's binary
 /// and `programs` (image name, optionally with a tag → program).
 pub fn start_runner(programs: Vec<(String, PathBuf)>) -> PodRunner {
