@@ -1,21 +1,50 @@
-//! A Cluster becomes a working Kubernetes: the operator runs against the real
-//! meta-cluster, its control-plane Pods run as real processes (etcd,
-//! kube-apiserver, kube-controller-manager, kube-scheduler), and the business
-//! API answers with the kubeconfigs the operator wrote.
+//! The examples become working Kubernetes clusters: the operator runs as a Pod
+//! of the real meta-cluster, every control-plane Pod runs as a real process
+//! (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and the
+//! node-operator next to them), and the business API answers with the
+//! kubeconfigs the operator wrote: `/readyz` on every kube-apiserver, the
+//! admin lists namespaces, every extra user is who the Cluster says with the
+//! groups it says, the add-ons are in, every condition is True; deleting the
+//! Cluster removes everything, timed.
+//!
+//! `examples/cluster-minimal.yaml` and `examples/cluster-production.yaml` are
+//! applied as they are, except for what the test environment needs: the
+//! namespace, and for the Minimal example (which has no placement) a node
+//! selector for the runner's nodes. The runner's nodes carry the control-plane
+//! label the Production example selects. The two run one after the other so
+//! the machine carries one control plane at a time.
+
+mod common;
 
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use common::{grant_operator, kubeconfig_file, node_operator_binary, start_operator_pod};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
 use kok_testenv::wait::wait_for;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::{ClusterMode, ExtraUser, Placement};
-use serde_json::json;
+use kube_on_kube_api::cluster::{ClusterPhase, ExtraUser, Placement};
+use serde_json::Value;
+
+/// The label the Production example's placement selects.
+const CONTROL_PLANE_LABEL: &str = "node-role.kubeonkube.io/control-plane";
+
+/// Every condition a working Cluster has True.
+const ALL_READY: [&str; 7] = [
+    "EtcdReady",
+    "APIServerReady",
+    "ControllerManagerReady",
+    "SchedulerReady",
+    "CertificatesReady",
+    "AddonsReady",
+    "Ready",
+];
 
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
@@ -25,7 +54,12 @@ fn runner() -> &'static PodRunner {
             KubeEnv::shared(),
             Options {
                 nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
-                programs: [("kube-on-kube-operator".to_string(), operator.into())].into(),
+                labels: [(CONTROL_PLANE_LABEL.to_string(), String::new())].into(),
+                programs: [
+                    ("kube-on-kube-operator".to_string(), operator.into()),
+                    ("node-operator".to_string(), node_operator_binary()),
+                ]
+                .into(),
                 ..Default::default()
             },
         )
@@ -33,94 +67,304 @@ fn runner() -> &'static PodRunner {
     })
 }
 
-/// Run the operator's binary as a Pod watching `ns`, with a ServiceAccount
-/// allowed to manage everything (the chart's least-privilege rules are tested
-/// with the chart).
-async fn start_operator(client: &Client, ns: &str, node: &str) {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "operator"}})).expect("account");
-    Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &account)
-        .await
-        .expect("service account");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("operator-{ns}")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns}]
-    }))
-    .expect("binding");
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("binding");
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "operator"},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": "operator",
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{"name": "operator", "image": "kube-on-kube-operator",
-                            "args": [format!("--namespace={ns}"), "--log-level=info"]}]
-        }
-    }))
-    .expect("pod");
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("operator pod");
-}
-
-fn condition(c: &Cluster, type_: &str) -> Option<String> {
-    Some(c.status.as_ref()?.condition(type_)?.status.clone())
-}
+/// One control plane at a time on this machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(kok_testenv::bins::bin("kubectl").expect("kubectl"))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--request-timeout=20s")
         .args(args)
         .output()
         .expect("run kubectl")
 }
 
-async fn kubeconfig_file(
-    client: &Client,
-    ns: &str,
-    secret: &str,
-    dir: &Path,
-) -> std::path::PathBuf {
-    let s = Api::<Secret>::namespaced(client.clone(), ns)
-        .get(secret)
-        .await
-        .expect("kubeconfig secret");
-    let text = s
-        .data
-        .expect("data")
-        .get("kubeconfig")
-        .expect("kubeconfig key")
-        .0
-        .clone();
-    let path = dir.join(secret);
-    std::fs::write(&path, text).expect("write kubeconfig");
-    path
+/// kubectl against one kube-apiserver Pod's address, checked against the name
+/// in its certificate; stdout on success.
+fn kubectl_at(ip: &str, kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+    let server = format!("--server=https://{ip}:6443");
+    let mut all = vec![server.as_str(), "--tls-server-name=kubernetes"];
+    all.extend_from_slice(args);
+    let out = kubectl(kubeconfig, &all);
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "kubectl {args:?} at {ip}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn minimal_cluster_becomes_a_working_kubernetes() {
+/// Addresses of the ready Pods of one component.
+async fn ready_ips(client: &Client, ns: &str, name: &str, component: &str) -> Vec<String> {
+    common::ready_pods(client, ns, name, component)
+        .await
+        .into_iter()
+        .filter_map(|p| p.status.and_then(|s| s.pod_ip))
+        .collect()
+}
+
+/// What one example must come to, beyond what every Cluster does.
+struct Expect {
+    /// Replicas of every component.
+    replicas: i32,
+    /// Objects user add-ons put into the business cluster: `kubectl get` args.
+    user_addons: Vec<Vec<&'static str>>,
+}
+
+/// Apply `cluster` (with `templates` registered next to it) and check it
+/// becomes a working Kubernetes; then delete it and time that.
+async fn example_becomes_a_working_kubernetes(
+    prefix: &str,
+    mut cluster: Cluster,
+    templates: Vec<ConfigMap>,
+    expect: Expect,
+    ready_within: Duration,
+) {
+    let _one = ONE_AT_A_TIME.lock().await;
     let runner = runner();
     let env = KubeEnv::shared();
     let client = env.client().await;
-    let ns = env.namespace("real-cluster").await;
-    // The operator runs as a Pod of the meta-cluster, as it does in production:
-    // it reaches the business API through its internal Service name.
-    start_operator(&client, &ns, &runner.nodes()[0]).await;
+    let ns = env.namespace(prefix).await;
+    // The operator runs as a Pod of the meta-cluster, as it does in
+    // production: it reaches the business API through its internal Service.
+    grant_operator(&client, &ns).await;
+    start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for mut template in templates {
+        template.metadata.namespace = Some(ns.clone());
+        maps.create(&PostParams::default(), &template)
+            .await
+            .expect("add-on template");
+    }
+    let name = cluster.name_any();
+    cluster.metadata.namespace = Some(ns.clone());
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let started = Instant::now();
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
 
+    let mut last = None;
+    let ready = loop {
+        if let Ok(c) = clusters.get(&name).await {
+            let all = ALL_READY
+                .iter()
+                .all(|t| common::condition(&c, t).as_deref() == Some("True"));
+            last = c.status.as_ref().map(|s| {
+                s.conditions
+                    .iter()
+                    .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                    .collect::<Vec<_>>()
+            });
+            if all {
+                break c;
+            }
+        }
+        assert!(
+            started.elapsed() < ready_within,
+            "{name}: not every condition True after {ready_within:?}: {last:#?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    println!(
+        "{name}: every condition True {:?} after create",
+        started.elapsed()
+    );
+    let status = ready.status.clone().expect("status");
+    assert_eq!(status.phase, Some(ClusterPhase::Running));
+    assert_eq!(status.observed_generation, ready.metadata.generation);
+    let components = status.components.clone().expect("components");
+    let want = format!("{0}/{0}", expect.replicas);
+    for (what, c) in [
+        ("etcd", &components.etcd),
+        ("kube-apiserver", &components.api_server),
+        ("kube-controller-manager", &components.controller_manager),
+        ("kube-scheduler", &components.scheduler),
+    ] {
+        assert_eq!(c.ready, want, "{what}: {c:?}");
+    }
+    assert_eq!(status.etcd_members.len(), expect.replicas as usize);
+    assert!(
+        status.etcd_members.iter().all(|m| m.healthy && !m.learner),
+        "{:?}",
+        status.etcd_members
+    );
+    let admin_secret = status
+        .admin_kubeconfig_secret
+        .clone()
+        .expect("admin secret");
+    let endpoint = status.endpoint.clone().expect("endpoint");
+    println!("{name}: endpoint {endpoint}");
+    let conditions: Vec<_> = status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), c.reason.as_str(), c.message.as_str()))
+        .collect();
+    println!("{name}: {conditions:#?}");
+
+    // Every kube-apiserver answers /readyz; the admin lists namespaces.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = kubeconfig_file(&client, &ns, &admin_secret, dir.path()).await;
+    let apiservers = ready_ips(&client, &ns, &name, "apiserver").await;
+    assert_eq!(apiservers.len(), expect.replicas as usize, "{apiservers:?}");
+    for ip in &apiservers {
+        let readyz =
+            kubectl_at(ip, &admin, &["get", "--raw", "/readyz"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(readyz.trim(), "ok", "{ip}");
+    }
+    let ip = apiservers[0].as_str();
+    let namespaces = kubectl_at(ip, &admin, &["get", "namespaces", "-o", "name"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    for wanted in [
+        "namespace/default",
+        "namespace/kube-system",
+        "namespace/kube-public",
+    ] {
+        assert!(namespaces.contains(wanted), "{wanted} not in {namespaces}");
+    }
+
+    // Every extra user authenticates with the groups the Cluster gives it.
+    assert!(!cluster.spec.extra_users.is_empty(), "nothing to check");
+    for user in &cluster.spec.extra_users {
+        let secret = format!("{name}-kubeconfig-{}", user.name);
+        let kubeconfig = kubeconfig_file(&client, &ns, &secret, dir.path()).await;
+        let out = kubectl_at(ip, &kubeconfig, &["auth", "whoami", "-o", "json"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let who: Value = serde_json::from_str(&out).expect("whoami json");
+        let info = &who["status"]["userInfo"];
+        assert_eq!(info["username"], user.name.as_str(), "{who}");
+        let mut groups: Vec<String> = info["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| g.as_str().map(str::to_string))
+            .collect();
+        groups.sort();
+        let mut wanted = user.groups.clone();
+        wanted.push("system:authenticated".into());
+        wanted.sort();
+        assert_eq!(groups, wanted, "{}: {who}", user.name);
+    }
+
+    // The add-ons are in the business cluster.
+    let get = |args: &[&str]| {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let out = kubectl_at(ip, &admin, &all).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str::<Value>(&out).expect("json")
+    };
+    let info = get(&["-n", "kube-public", "configmap", "cluster-info"]);
+    let info = info["data"]["kubeconfig"].as_str().unwrap_or_default();
+    assert!(info.contains(&format!("server: {endpoint}")), "{info}");
+    for binding in [
+        "kube-on-kube:kubelet-bootstrap",
+        "kube-on-kube:node-autoapprove-bootstrap",
+        "kube-on-kube:node-autoapprove-certificate-rotation",
+        "kube-on-kube:node-operator",
+        "kube-on-kube:node-proxier",
+    ] {
+        get(&["clusterrolebinding", binding]);
+    }
+    get(&["-n", "kube-system", "daemonset", "kube-proxy"]);
+    get(&["-n", "kube-system", "deployment", "coredns"]);
+    let dns = get(&["-n", "kube-system", "service", "kube-dns"]);
+    let dns_ip = dns["spec"]["clusterIP"].as_str().unwrap_or_default();
+    assert!(dns_ip.ends_with(".10"), "{dns}");
+    for crd in [
+        "machines.kubeonkube.io",
+        "packageversions.kubeonkube.io",
+        "clusterpackageversions.kubeonkube.io",
+        "canaryreleases.kubeonkube.io",
+    ] {
+        get(&["crd", crd]);
+    }
+    for args in &expect.user_addons {
+        let object = get(args);
+        let labels = &object["metadata"]["labels"];
+        assert!(
+            labels["kubeonkube.io/addon"].is_string(),
+            "{args:?}: {labels}"
+        );
+    }
+
+    // The node-operator runs next to the control plane and reached the
+    // business API with its own kubeconfig.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let node_operator = deployments
+        .get(&format!("{name}-node-operator"))
+        .await
+        .expect("node-operator Deployment");
+    assert_eq!(
+        node_operator.status.as_ref().and_then(|s| s.ready_replicas),
+        Some(1)
+    );
+    let pod = common::ready_pods(&client, &ns, &name, "node-operator")
+        .await
+        .into_iter()
+        .next()
+        .expect("a ready node-operator Pod");
+    let log = runner.container_log(&ns, &pod.name_any(), &common::uid(&pod), "node-operator");
+    let connected = wait_for(
+        "the node-operator to log its connection",
+        Duration::from_secs(60),
+        async || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|l| l.contains("connected to the business cluster"))
+        },
+    )
+    .await;
+    assert!(
+        connected.contains(&format!("v{}", cluster.spec.version)),
+        "{connected}"
+    );
+
+    // Deleting the Cluster removes everything it owns.
+    let deleted = Instant::now();
+    clusters
+        .delete(&name, &DeleteParams::background())
+        .await
+        .expect("delete");
+    let selector = ListParams::default().labels(&format!("kubeonkube.io/cluster={name}"));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        "every object of the cluster to go",
+        Duration::from_secs(120),
+        async || {
+            let left = pods.list(&selector).await.ok()?.items.len()
+                + services.list(&selector).await.ok()?.items.len()
+                + secrets.list(&selector).await.ok()?.items.len()
+                + claims.list(&selector).await.ok()?.items.len()
+                + deployments.list(&selector).await.ok()?.items.len()
+                + maps.list(&selector).await.ok()?.items.len()
+                + clusters.get_opt(&name).await.ok()?.iter().count();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    println!(
+        "{name}: everything gone {:?} after delete",
+        deleted.elapsed()
+    );
+    pods.delete("operator", &DeleteParams::default())
+        .await
+        .expect("stop the operator");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimal_example_becomes_a_working_kubernetes() {
     let mut cluster: Cluster =
         serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
             .expect("example");
-    cluster.metadata.namespace = Some(ns.clone());
-    cluster.spec.mode = ClusterMode::Minimal;
+    // The example has no placement: without one the Pods could land on the
+    // meta-cluster's simulated nodes, where nothing runs.
     cluster.spec.placement = Some(Placement {
         node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
         tolerations: vec![],
@@ -129,189 +373,40 @@ async fn minimal_cluster_becomes_a_working_kubernetes() {
         name: "sre".into(),
         groups: vec!["system:masters".into(), "sre".into()],
     }];
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
-    let started = Instant::now();
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .expect("create cluster");
-
-    let components = [
-        "EtcdReady",
-        "APIServerReady",
-        "ControllerManagerReady",
-        "SchedulerReady",
-        "CertificatesReady",
-    ];
-    let ready = wait_for(
-        "every control-plane component to be ready",
-        Duration::from_secs(240),
-        async || {
-            let c = clusters.get("ci").await.ok()?;
-            components
-                .iter()
-                .all(|t| condition(&c, t).as_deref() == Some("True"))
-                .then_some(c)
+    example_becomes_a_working_kubernetes(
+        "minimal",
+        cluster,
+        vec![],
+        Expect {
+            replicas: 1,
+            user_addons: vec![],
         },
+        Duration::from_secs(360),
     )
     .await;
-    println!("control plane ready {:?} after create", started.elapsed());
-    assert_eq!(
-        ready.status.as_ref().and_then(|s| s.phase),
-        Some(kube_on_kube_api::cluster::ClusterPhase::Running)
-    );
-    assert_eq!(
-        ready
-            .status
-            .as_ref()
-            .and_then(|s| s.components.as_ref())
-            .map(|c| c.api_server.ready.clone())
-            .as_deref(),
-        Some("1/1")
-    );
+}
 
-    // The business API, from the machine: the apiserver Pod's address, checked
-    // against the name in its certificate.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let apiserver = pods
-        .list(&ListParams::default().labels("kubeonkube.io/component=apiserver"))
-        .await
-        .expect("pods")
-        .items
-        .into_iter()
-        .find(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some())
-        .expect("an apiserver pod");
-    assert!(
-        runner.nodes().contains(
-            &apiserver
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default()
-        )
-    );
-    let ip = apiserver.status.and_then(|s| s.pod_ip).expect("ip");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let admin = kubeconfig_file(&client, &ns, "ci-admin-kubeconfig", dir.path()).await;
-    let server = format!("--server=https://{ip}:6443");
-    let out = kubectl(
-        &admin,
-        &[
-            &server,
-            "--tls-server-name=kubernetes",
-            "get",
-            "--raw",
-            "/readyz",
-        ],
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "ok",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = kubectl(
-        &admin,
-        &[
-            &server,
-            "--tls-server-name=kubernetes",
-            "get",
-            "namespaces",
-            "-o",
-            "name",
-        ],
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("namespace/kube-system"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    // An extra user authenticates with the groups it was given.
-    let sre = kubeconfig_file(&client, &ns, "ci-kubeconfig-sre", dir.path()).await;
-    let out = kubectl(
-        &sre,
-        &[
-            &server,
-            "--tls-server-name=kubernetes",
-            "auth",
-            "whoami",
-            "-o",
-            "json",
-        ],
-    );
-    let who: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("whoami: {}", String::from_utf8_lossy(&out.stderr)));
-    assert_eq!(who["status"]["userInfo"]["username"], "sre");
-    let groups = who["status"]["userInfo"]["groups"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        groups.contains(&json!("sre")) && groups.contains(&json!("system:masters")),
-        "{who}"
-    );
-
-    // The business API through its Service name, from a Pod in the meta-cluster
-    // (as the node-operator will reach it).
-    let probe: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "readyz"},
-        "spec": {
-            "nodeName": runner.nodes()[0],
-            "restartPolicy": "OnFailure",
-            "containers": [{"name": "kubectl", "image": "registry.k8s.io/kubectl:v1.35.4",
-                "command": ["kubectl", "--kubeconfig=/kc/kubeconfig", "get", "--raw", "/readyz"],
-                "volumeMounts": [{"name": "kc", "mountPath": "/kc"}]}],
-            "volumes": [{"name": "kc", "secret": {"secretName": "ci-controller-manager-kubeconfig"}}]
-        }
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &probe)
-        .await
-        .expect("probe pod");
-    let probe = wait_for(
-        "the in-cluster readyz probe to succeed",
-        Duration::from_secs(60),
-        async || {
-            pods.get("readyz")
-                .await
-                .ok()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_example_becomes_a_working_kubernetes() {
+    let cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+            .expect("example");
+    let metrics_server: ConfigMap = serde_norway::from_str(include_str!(
+        "../../../examples/addon-template-metrics-server.yaml"
+    ))
+    .expect("add-on template example");
+    example_becomes_a_working_kubernetes(
+        "production",
+        cluster,
+        vec![metrics_server],
+        Expect {
+            replicas: 3,
+            user_addons: vec![
+                vec!["-n", "kube-system", "deployment", "metrics-server"],
+                vec!["apiservice", "v1beta1.metrics.k8s.io"],
+            ],
         },
+        Duration::from_secs(600),
     )
     .await;
-    let log = runner.container_log(&ns, "readyz", &probe.uid().unwrap_or_default(), "kubectl");
-    assert!(
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("ok"),
-        "log {}",
-        log.display()
-    );
-
-    // Deleting the Cluster stops everything.
-    let deleted = Instant::now();
-    clusters
-        .delete("ci", &DeleteParams::background())
-        .await
-        .expect("delete");
-    wait_for(
-        "the control-plane pods to go",
-        Duration::from_secs(90),
-        async || {
-            let left = pods
-                .list(&ListParams::default().labels("kubeonkube.io/cluster=ci"))
-                .await
-                .ok()?
-                .items
-                .len();
-            (left == 0).then_some(())
-        },
-    )
-    .await;
-    println!("control plane gone {:?} after delete", deleted.elapsed());
-    pods.delete("operator", &DeleteParams::default())
-        .await
-        .expect("stop the operator");
 }
