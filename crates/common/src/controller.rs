@@ -61,7 +61,7 @@ where
     K: Clone + Resource + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
 {
-    if store.wait_until_ready().await.is_err() {
+    if !crate::health::wait_until_ready(&store).await {
         return;
     }
     loop {

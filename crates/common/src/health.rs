@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use kube::runtime::reflector::{Lookup, Store};
 
@@ -32,7 +33,7 @@ impl Health {
         let synced = Arc::new(AtomicBool::new(false));
         self.lock().push((controller, synced.clone()));
         tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
+            if wait_until_ready(&store).await {
                 synced.store(true, Ordering::SeqCst);
                 tracing::info!(controller, "cache synced");
             }
@@ -61,6 +62,24 @@ impl Health {
             Ok("ok: caches synced".into())
         } else {
             Err(format!("caches not synced yet: {}", waiting.join(", ")))
+        }
+    }
+}
+
+/// Wait until `store` has been filled; `false` if its writer went away first.
+///
+/// The store's readiness signal wakes only the last of several waiters (the
+/// controller itself waits on it too), so it is polled again every second
+/// rather than awaited once.
+pub async fn wait_until_ready<K>(store: &Store<K>) -> bool
+where
+    K: Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_secs(1), store.wait_until_ready()).await {
+            Ok(ready) => return ready.is_ok(),
+            Err(_) => continue,
         }
     }
 }

@@ -387,7 +387,7 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
     tokio::spawn(async move {
-        if store.wait_until_ready().await.is_err() {
+        if !crate::health::wait_until_ready(&store).await {
             return;
         }
         loop {
