@@ -20,6 +20,8 @@ fn start_operator(env: &KubeEnv, ns: &str) -> Process {
         &[
             format!("--kubeconfig={}", env.kubeconfig_path().display()),
             format!("--namespace={ns}"),
+            // Several operators run on this machine at once: any free port.
+            "--http-address=127.0.0.1:0".into(),
             "--log-level=info".into(),
         ],
         log_dir().join(format!("operator-{ns}.log")),
