@@ -171,6 +171,28 @@ async fn machines_join_are_repaired_and_leave() {
         );
         assert!(status.certificate.is_some());
     }
+    // The bootstrap token never shows in status or Events.
+    for host in three {
+        let path = host
+            .path_on_host("/etc/kubernetes/bootstrap-kubelet.conf")
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let kubeconfig: serde_json::Value = serde_norway::from_str(&text).unwrap();
+        let token = kubeconfig["users"][0]["user"]["token"]
+            .as_str()
+            .expect("a token in the bootstrap kubeconfig");
+        let secret = token.split('.').nth(1).unwrap();
+        let status =
+            serde_json::to_string(&machines.get(host.name()).await.unwrap().status).unwrap();
+        assert!(
+            !status.contains(secret),
+            "token secret in the status: {status}"
+        );
+        for e in events_for(&client, host.name()).await {
+            let note = e.message.unwrap_or_default();
+            assert!(!note.contains(secret), "token secret in an Event: {note}");
+        }
+    }
     // Leases are renewed.
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     let renew = |l: Lease| l.spec.and_then(|s| s.renew_time);
@@ -483,4 +505,23 @@ async fn machines_join_are_repaired_and_leave() {
     }
     operator.kill();
     eprintln!("whole test in {:?}", started.elapsed());
+}
+
+/// The session counter the test above relies on counts what sshd opens:
+/// one per command, and nothing when nothing is run.
+#[test]
+fn ssh_sessions_are_counted() {
+    let hosts = kok_testenv::hosts::TestHosts::start_with(kok_testenv::hosts::HostsOptions {
+        count: 1,
+        extra_private_dirs: vec!["/root".into()],
+    })
+    .unwrap();
+    let host = &hosts.hosts()[0];
+    count_ssh_sessions(host);
+    assert_eq!(ssh_sessions(host), 0);
+    assert_eq!(on(host, "echo hello"), "hello", "rc prints nothing");
+    assert_eq!(ssh_sessions(host), 1);
+    on(host, "true");
+    on(host, "true");
+    assert_eq!(ssh_sessions(host), 3);
 }

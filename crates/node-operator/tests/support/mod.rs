@@ -206,6 +206,8 @@ pub const OPERATOR_ARGS: &[&str] = &[
     "--offboard-timeout=20s",
     "--cluster-dns=10.0.0.10",
     "--log-level=info,node_operator=debug",
+    // Tests run side by side: no fixed port.
+    "--http-address=127.0.0.1:0",
 ];
 
 impl Operator {
@@ -215,8 +217,8 @@ impl Operator {
         Self::start_with(env, log, &[])
     }
 
-    /// Starts the operator with [`OPERATOR_ARGS`] and then `extra` (a later
-    /// flag wins).
+    /// Starts the operator with [`OPERATOR_ARGS`] and `extra`, whose flags
+    /// replace the defaults of the same name (`--flag=value` form).
     pub fn start_with(env: &KubeEnv, log: &Path, extra: &[&str]) -> Operator {
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -226,7 +228,11 @@ impl Operator {
         let child = Command::new(env!("CARGO_BIN_EXE_node-operator"))
             .arg("--kubeconfig")
             .arg(env.kubeconfig_path())
-            .args(OPERATOR_ARGS)
+            .args(OPERATOR_ARGS.iter().filter(|arg| {
+                // A flag given in `extra` replaces the default one.
+                let flag = arg.split('=').next().unwrap_or(arg);
+                !extra.iter().any(|e| e.split('=').next() == Some(flag))
+            }))
             .args(extra)
             .stdout(Stdio::from(file.try_clone().unwrap()))
             .stderr(Stdio::from(file))
@@ -516,8 +522,10 @@ impl Default for HarnessOptions {
 pub struct Harness {
     pub env: KubeEnv,
     pub client: Client,
-    pub hosts: TestHosts,
+    /// Declared (so dropped) before the hosts: the proxy listens on their
+    /// bridge, and stopping it needs the bridge still there.
     pub proxy: TcpProxy,
+    pub hosts: TestHosts,
     /// `https://<proxy>`: the API server as the hosts reach it.
     pub server: String,
     /// The PackageVersions applied.
