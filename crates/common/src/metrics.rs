@@ -407,3 +407,96 @@ pub fn global() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(text: &str, prefix: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn certificate_expiry_is_time_left_at_scrape_and_stale_series_go() {
+        let m = Metrics::new();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        m.set_certificates(
+            "ns",
+            "c1",
+            [("c1-apiserver-tls", now + 3600), ("c1-ca", now - 10)],
+        );
+        m.set_certificates("ns", "c2", [("c2-apiserver-tls", now + 60)]);
+        let text = m.encode();
+        let c1 = series(
+            &text,
+            "kok_certificate_expiry_seconds{namespace=\"ns\",cluster=\"c1\"",
+        );
+        assert_eq!(c1.len(), 2, "{text}");
+        let left: f64 = c1
+            .iter()
+            .find(|l| l.contains("c1-apiserver-tls"))
+            .and_then(|l| l.rsplit_once(' '))
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap();
+        assert!((3590.0..=3600.0).contains(&left), "{left}");
+        assert!(
+            c1.iter().any(|l| l.contains("c1-ca") && l.contains(" -")),
+            "{c1:?}"
+        );
+        // A reissue replaces the cluster's set; a deleted cluster goes.
+        m.set_certificates("ns", "c1", [("c1-apiserver-tls", now + 7200)]);
+        m.retain_clusters(&[("ns".to_string(), "c1".to_string())].into());
+        let text = m.encode();
+        assert_eq!(
+            series(&text, "kok_certificate_expiry_seconds{").len(),
+            1,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn etcd_members_replace_and_reconcile_outcomes_count() {
+        let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+        m.set_etcd_members("ns", "c1", [("c1-etcd-0", true), ("c1-etcd-1", false)]);
+        m.set_etcd_members("ns", "c1", [("c1-etcd-0", true)]);
+        let text = m.encode();
+        assert_eq!(
+            series(&text, "kok_etcd_member_healthy{"),
+            vec!["kok_etcd_member_healthy{namespace=\"ns\",cluster=\"c1\",member=\"c1-etcd-0\"} 1"]
+        );
+        m.reconcile("cluster").finish(Ok(()));
+        m.reconcile("cluster").finish(Err("kube"));
+        let running = m.reconcile("cluster");
+        let text = m.encode();
+        assert!(
+            text.contains("kok_reconciles_total{controller=\"cluster\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kok_reconcile_failures_total{controller=\"cluster\",category=\"kube\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("kok_reconcile_duration_seconds_count{controller=\"cluster\"} 2"));
+        assert!(
+            text.contains("kok_reconciles_in_flight{controller=\"cluster\"} 1"),
+            "{text}"
+        );
+        drop(running);
+        assert!(
+            m.encode()
+                .contains("kok_reconciles_in_flight{controller=\"cluster\"} 0")
+        );
+        m.set_machines_by_phase([("Ready", 3)]);
+        let text = m.encode();
+        assert!(text.contains("kok_machines{phase=\"Ready\"} 3"), "{text}");
+        assert!(text.contains("kok_machines{phase=\"Failed\"} 0"), "{text}");
+    }
+}
