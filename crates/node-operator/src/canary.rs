@@ -542,9 +542,16 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
         ));
         status.current_batch = Some(0);
         status.phase = Some(CanaryPhase::Progressing);
-        // Claim them all now, so no other release takes them mid-way.
-        for m in &status.machines {
-            marks.insert(m.name.clone(), MarkChange::Set(Marks::default()));
+        // Claim them all now, so no other release takes them mid-way. A
+        // Machine this release already marked keeps its marks: selecting
+        // again must not take back a batch already released.
+        for entry in &status.machines {
+            let kept = by_name
+                .get(entry.name.as_str())
+                .filter(|m| ours(m))
+                .map(|m| Marks::read(m))
+                .unwrap_or_default();
+            marks.insert(entry.name.clone(), MarkChange::Set(kept));
         }
     }
     let total = status
@@ -958,6 +965,11 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
     let client = &ctx.client;
     let name = release.name_any();
     let releases = Api::<CanaryRelease>::all(client.clone());
+    // The controller's cache can lag behind the status the last reconcile
+    // wrote; planning on that older status would redo steps already taken.
+    let Some(release) = releases.get_opt(&name).await.map_err(Error::Kube)? else {
+        return Ok(Action::await_change());
+    };
     let machines_api = Api::<Machine>::all(client.clone());
     let machines = machines_api
         .list(&ListParams::default())
@@ -1018,6 +1030,14 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
             Err(e) => return Err(e),
         }
     }
+    // A refused mark on a Machine this release already claimed changes
+    // nothing it holds; a refused claim means the Machine is not ours, even
+    // when this plan released it in the same step.
+    conflicts.retain(|c| {
+        !machines
+            .iter()
+            .any(|m| m.name_any() == *c && rollout::canary_claim(m) == Some(name.as_str()))
+    });
     if !conflicts.is_empty() {
         drop_conflicts(
             &mut plan.status,
@@ -1040,17 +1060,17 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
     Ok(Action::requeue(plan.requeue))
 }
 
-/// Forget Machines whose claim lost a race to another release; they were never
-/// released, so nothing else changes.
+/// Forget Machines whose claim lost a race to another release: they carry no
+/// mark of this release, so whatever the plan said about them (even that
+/// their batch started) never reached them, and waiting for them would stall
+/// the release.
 pub fn drop_conflicts(
     status: &mut CanaryReleaseStatus,
     conflicts: &[String],
     generation: Option<i64>,
     now: Timestamp,
 ) {
-    status
-        .machines
-        .retain(|m| !(conflicts.contains(&m.name) && m.result == CanaryMachineResult::Pending));
+    status.machines.retain(|m| !conflicts.contains(&m.name));
     aggregate(status);
     conditions::set(
         &mut status.conditions,
@@ -1068,21 +1088,29 @@ pub fn drop_conflicts(
     );
 }
 
+/// The server-side apply configuration of `release`'s marks on `machine`.
+/// Releasing applies no annotations at all rather than an empty map: a
+/// manager that applied `annotations: {}` would keep owning the map and make
+/// every later release's claim on the Machine a conflict.
+pub fn marks_patch(machine: &str, change: &MarkChange, release: &str) -> serde_json::Value {
+    let mut patch = serde_json::json!({
+        "apiVersion": "kubeonkube.io/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": machine},
+    });
+    if let MarkChange::Set(marks) = change {
+        patch["metadata"]["annotations"] = serde_json::json!(marks.annotations(release));
+    }
+    patch
+}
+
 async fn apply_marks(
     api: &Api<Machine>,
     release: &str,
     machine: &str,
     change: &MarkChange,
 ) -> Result<(), Error> {
-    let annotations = match change {
-        MarkChange::Set(marks) => marks.annotations(release),
-        MarkChange::Release => BTreeMap::new(),
-    };
-    let patch = serde_json::json!({
-        "apiVersion": "kubeonkube.io/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": machine, "annotations": annotations},
-    });
+    let patch = marks_patch(machine, change, release);
     // Not forced: a claim another release holds is a conflict, not a takeover.
     let params = PatchParams::apply(&claim_manager(release));
     api.patch(machine, &params, &Patch::Apply(&patch))
@@ -1582,14 +1610,49 @@ mod tests {
         ));
         assert_eq!(p.status.selected, 1);
 
+        // b's claim is refused: the plan released its batch in the same
+        // step, but no mark reached it, so it is forgotten, not waited for.
+        assert_eq!(p.status.machines[0].result, CanaryMachineResult::Upgrading);
         let mut lost = p.status.clone();
         drop_conflicts(&mut lost, &["b".into()], Some(1), ts(0));
-        // b was already released in this plan, so it stays; a Pending one goes.
-        assert_eq!(lost.selected, 1);
-        let mut pending = p.status.clone();
-        pending.machines[0].result = CanaryMachineResult::Pending;
-        drop_conflicts(&mut pending, &["b".into()], Some(1), ts(0));
-        assert_eq!(pending.selected, 0);
+        assert_eq!(lost.selected, 0);
+        assert!(lost.machines.is_empty());
+    }
+
+    #[test]
+    fn selecting_again_keeps_released_marks() {
+        let mut r = release(vec![int(1)], "0s", int(0));
+        let stale = r.clone();
+        let mut ms = vec![machine("a", "canary"), machine("b", "canary")];
+        let nodes = vec![node("a", true, &[]), node("b", true, &[])];
+        let p = plan(&r, &ms, &nodes, ts(0));
+        apply(&p, &mut r, &mut ms);
+        // Planned again from a release whose status is not there yet: a's
+        // batch stays released.
+        let p = plan(&stale, &ms, &nodes, ts(1));
+        let MarkChange::Set(a) = &p.marks["a"] else {
+            panic!("a stays claimed: {p:?}");
+        };
+        assert_eq!(a.packages.as_ref(), Some(&stale.spec.packages));
+        assert_eq!(a.released_at, Some(ts(0)));
+    }
+
+    #[test]
+    fn releasing_applies_no_annotation_map() {
+        let released = marks_patch("a", &MarkChange::Release, "rel");
+        assert_eq!(
+            released,
+            serde_json::json!({
+                "apiVersion": "kubeonkube.io/v1alpha1",
+                "kind": "Machine",
+                "metadata": {"name": "a"},
+            })
+        );
+        let claimed = marks_patch("a", &MarkChange::Set(Marks::default()), "rel");
+        assert_eq!(
+            claimed["metadata"]["annotations"],
+            serde_json::json!({CANARY_ANNOTATION: "rel"})
+        );
     }
 
     #[test]
