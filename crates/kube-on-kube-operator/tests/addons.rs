@@ -62,24 +62,11 @@ const TOKEN_GROUP: &str = "system:bootstrappers:kube-on-kube";
 /// also from `templates`.
 async fn start_operator(client: &Client, ns: &str, templates: &str, node: &str) {
     grant_operator(client, ns).await;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "operator"},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": "operator",
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{"name": "operator", "image": "kube-on-kube-operator",
-                            "args": [format!("--namespace={ns}"),
-                                     format!("--addon-template-namespace={templates}"),
-                                     format!("--node-operator-image={NODE_OPERATOR_IMAGE}"),
-                                     "--log-level=info"]}]
-        }
-    }))
-    .expect("pod");
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("operator pod");
+    let extra = [
+        format!("--addon-template-namespace={templates}"),
+        format!("--node-operator-image={NODE_OPERATOR_IMAGE}"),
+    ];
+    common::start_operator_pod_with(client, ns, node, &extra).await;
 }
 
 /// A user add-on template ConfigMap: `demo` at `version`, with `template`.
@@ -578,36 +565,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         Some(NODE_OPERATOR_IMAGE)
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pod = common::ready_pods(&client, &ns, "ci", "node-operator")
-        .await
-        .into_iter()
-        .next()
-        .expect("a ready node-operator pod");
-    assert!(
-        runner.nodes().contains(
-            &pod.spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default()
-        ),
-        "runs on the runner's nodes"
-    );
-    let log = runner.container_log(
-        &ns,
-        &pod.name_any(),
-        &pod.uid().unwrap_or_default(),
-        "node-operator",
-    );
-    let connected = wait_for(
-        "the node-operator to log its connection",
-        Duration::from_secs(60),
-        async || {
-            std::fs::read_to_string(&log)
-                .ok()
-                .filter(|l| l.contains("connected to the business cluster"))
-        },
-    )
-    .await;
+    let connected = common::node_operator_connected(runner, &client, &ns, "ci").await;
     assert!(connected.contains("v1.35.4"), "{connected}");
 
     // An unchanged add-on is not applied again; a deleted object comes back.

@@ -302,22 +302,7 @@ async fn example_becomes_a_working_kubernetes(
         node_operator.status.as_ref().and_then(|s| s.ready_replicas),
         Some(1)
     );
-    let pod = common::ready_pods(&client, &ns, &name, "node-operator")
-        .await
-        .into_iter()
-        .next()
-        .expect("a ready node-operator Pod");
-    let log = runner.container_log(&ns, &pod.name_any(), &common::uid(&pod), "node-operator");
-    let connected = wait_for(
-        "the node-operator to log its connection",
-        Duration::from_secs(60),
-        async || {
-            std::fs::read_to_string(&log)
-                .ok()
-                .filter(|l| l.contains("connected to the business cluster"))
-        },
-    )
-    .await;
+    let connected = common::node_operator_connected(runner, &client, &ns, &name).await;
     assert!(
         connected.contains(&format!("v{}", cluster.spec.version)),
         "{connected}"

@@ -83,14 +83,21 @@ pub async fn grant_operator(client: &Client, ns: &str) {
 
 /// Run the operator's binary as Pod `operator` watching `ns`.
 pub async fn start_operator_pod(client: &Client, ns: &str, node: &str) {
+    start_operator_pod_with(client, ns, node, &[]).await;
+}
+
+/// Run the operator's binary as Pod `operator` watching `ns`, with `extra`
+/// flags.
+pub async fn start_operator_pod_with(client: &Client, ns: &str, node: &str, extra: &[String]) {
+    let mut args = vec![format!("--namespace={ns}"), "--log-level=info".to_string()];
+    args.extend_from_slice(extra);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "operator"},
         "spec": {
             "nodeName": node,
             "serviceAccountName": "operator",
             "terminationGracePeriodSeconds": 5,
-            "containers": [{"name": "operator", "image": "kube-on-kube-operator",
-                            "args": [format!("--namespace={ns}"), "--log-level=info"]}]
+            "containers": [{"name": "operator", "image": "kube-on-kube-operator", "args": args}]
         }
     }))
     .expect("pod");
@@ -462,4 +469,37 @@ pub fn etcd_converged(c: &Cluster, n: usize) -> bool {
 /// Name of the Pod's UID, for telling a recreated Pod from the old one.
 pub fn uid(p: &Pod) -> String {
     p.uid().unwrap_or_default()
+}
+
+/// The ready node-operator Pod of cluster `name`, on one of the runner's
+/// nodes, has connected to the business API: the line of its log saying so
+/// (with the business API's version).
+pub async fn node_operator_connected(
+    runner: &PodRunner,
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> String {
+    let pod = ready_pods(client, ns, name, "node-operator")
+        .await
+        .into_iter()
+        .next()
+        .expect("a ready node-operator Pod");
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    assert!(
+        node.as_ref().is_some_and(|n| runner.nodes().contains(n)),
+        "the node-operator runs on {node:?}, not on the runner's nodes"
+    );
+    let log = runner.container_log(ns, &pod.name_any(), &uid(&pod), "node-operator");
+    wait_for(
+        "the node-operator to log its connection",
+        Duration::from_secs(60),
+        async || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .find(|l| l.contains("connected to the business cluster"))
+                .map(str::to_string)
+        },
+    )
+    .await
 }
