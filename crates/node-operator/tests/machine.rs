@@ -98,7 +98,25 @@ async fn machines_join_are_repaired_and_leave() {
             assert_eq!(condition(&m, c).map(|c| c.0), Some("True"), "{c}: {st:?}");
         }
         assert_eq!(st.observed_generation, m.metadata.generation);
-        assert!(st.last_operation.is_some());
+        let op = st.last_operation.as_ref().unwrap();
+        assert_eq!(
+            op.result,
+            kube_on_kube_api::shared::OperationResult::Succeeded,
+            "{op:?}"
+        );
+        assert!(op.finished_at.is_some(), "{op:?}");
+        for reason in [
+            "Installed",
+            "BootstrapConfigured",
+            "SysctlsApplied",
+            "Ready",
+        ] {
+            assert!(
+                has_event(&client, host.name(), reason).await,
+                "{}: no {reason} Event",
+                host.name()
+            );
+        }
         let node = nodes.get(host.name()).await.unwrap();
         let labels = node.labels();
         assert_eq!(
@@ -269,6 +287,40 @@ async fn machines_join_are_repaired_and_leave() {
         requests,
         "nothing downloaded after converging"
     );
+    // Still without periodic checks, a kubelet that stops is repaired once
+    // its Node turns NotReady (the controller-manager notices the Lease is
+    // no longer renewed) and the Node change reaches the operator.
+    let h1 = &three[1];
+    on(h1, "systemctl stop kubelet.service");
+    let t = Instant::now();
+    wait_for("the Node NotReady", Duration::from_secs(120), async || {
+        let node = nodes.get(h1.name()).await.ok()?;
+        let ready = node
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status != "True").then_some(())
+    })
+    .await;
+    eprintln!("Node NotReady {:?} after its kubelet stopped", t.elapsed());
+    wait_for(
+        "the kubelet restarted after its Node turned NotReady",
+        Duration::from_secs(120),
+        async || {
+            (on(h1, "systemctl is-active kubelet.service") == "active"
+                && has_event(&client, h1.name(), "Restarted").await)
+                .then_some(())
+        },
+    )
+    .await;
+    wait_ready(&machines, h1.name(), Duration::from_secs(90)).await;
+    eprintln!(
+        "stopped kubelet repaired by the Node change in {:?} (Machine Ready again)",
+        t.elapsed()
+    );
+    let sessions: Vec<usize> = three.iter().map(ssh_sessions).collect();
+
     // With a short interval the periodic checks do open sessions (and
     // still download nothing).
     drop(operator);
@@ -344,6 +396,11 @@ async fn machines_join_are_repaired_and_leave() {
     )
     .await;
     assert_eq!(phase(&m), Some(MachinePhase::Failed));
+    let message = condition_message(&m, "PackagesInstalled").unwrap();
+    assert!(
+        message.contains(&"0".repeat(64)) && message.contains("nothing was switched"),
+        "{message}"
+    );
     assert!(has_event(&client, h2.name(), "ChecksumMismatch").await);
     assert_eq!(
         on(h2, "readlink /opt/kube-on-kube/packages/kubelet/current"),
