@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::wait::wait_for;
 use kube::api::{Api, PostParams};
 use kube_on_kube_api::Cluster;
 
@@ -151,24 +152,6 @@ async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
         .spec?
         .holder_identity
         .filter(|h| !h.is_empty())
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn cluster(ns: &str, name: &str) -> Cluster {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::wait::wait_for;
 use kube::api::{Api, PostParams};
 use kube_on_kube_api::Machine;
 
@@ -94,24 +95,6 @@ fn sum(metrics: &BTreeMap<String, f64>, prefix: &str) -> f64 {
         .filter(|(k, _)| k.starts_with(prefix))
         .map(|(_, v)| v)
         .sum()
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {
