@@ -180,6 +180,9 @@ spec:
             - {{ printf "--log-level=%s" $root.Values.logLevel | quote }}
             {{- if .values.leaderElection.enabled }}
             - "--leader-elect"
+            - {{ printf "--leader-election-namespace=%s" $root.Release.Namespace | quote }}
+            {{- else }}
+            - "--leader-elect=false"
             {{- end }}
             {{- range .values.extraArgs }}
             - {{ . | quote }}

@@ -6,12 +6,28 @@
 //! ServiceAccount instead of admin, does its work without a single forbidden
 //! request; and `helm uninstall` leaves nothing of the operators behind.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod support;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kok_testenv::hosts::TestHosts;
+use kok_testenv::kube_env::{KubeEnv, Options};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kube_on_kube_api::{CanaryRelease, Cluster, ClusterPackageVersion, Machine, PackageVersion};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const RELEASE: &str = "kube-on-kube";
 /// Release namespace of the rendered (not installed) chart.
@@ -493,4 +509,658 @@ fn chart_lints_renders_hardened_and_grants_only_the_documented_rights() {
     let templates = named(&scoped, "Role", "kube-on-kube-operator-addon-templates");
     assert_eq!(templates["metadata"]["namespace"], "templates");
     assert_eq!(strings(&templates["rules"][0]["verbs"]), vec!["list"]);
+}
+
+/// A kubeconfig for `server` that authenticates with `token` only.
+fn token_kubeconfig(env: &KubeEnv, token: &str, path: &Path) {
+    let ca = env
+        .kubeconfig()
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.certificate_authority_data.clone())
+        .expect("the test environment's CA");
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "meta", "cluster": {"server": env.api_url(), "certificate-authority-data": ca}}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "meta", "user": "operator"}}],
+        "current-context": "operator",
+    });
+    std::fs::write(path, serde_json::to_string(&config).expect("json")).expect("write kubeconfig");
+}
+
+/// A token of `service_account` from the TokenRequest API.
+async fn token_of(client: &Client, namespace: &str, service_account: &str) -> String {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    api.create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .expect("token request")
+        .status
+        .expect("token status")
+        .token
+}
+
+/// An operator binary running as a child process, killed when dropped.
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Running {
+    /// Starts `binary` with the container arguments of `deployment` as the
+    /// chart renders them (the HTTP endpoint on a free loopback port instead of
+    /// the Pod's own port 8080), authenticating with `kubeconfig`.
+    fn start(binary: &str, deployment: &Deployment, kubeconfig: &Path, log: PathBuf) -> Running {
+        let container = &deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec")
+            .containers[0];
+        let args: Vec<String> = container
+            .args
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--http-address=") {
+                    "--http-address=127.0.0.1:0".to_string()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let namespace = deployment.namespace().unwrap_or_default();
+        let file = File::create(&log).expect("log file");
+        let child = Command::new(support::workspace_bin(binary))
+            .args(&args)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+            .env("POD_NAME", format!("{binary}-chart-test"))
+            .env("POD_NAMESPACE", namespace)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {binary}: {e}"));
+        println!("started {binary} {}", args.join(" "));
+        Running { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics with the log when the process has exited.
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("operator exited ({status}):\n{}", self.log());
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing after `timeout` with `what`
+/// and the operator log.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, op: &mut Running, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        op.assert_running();
+        // A refused request is the failure this test looks for: say so at once
+        // rather than after the timeout.
+        assert_not_forbidden(op, what);
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {timeout:?}; operator log:\n{}",
+            op.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn condition<'a>(
+    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn assert_not_forbidden(op: &Running, name: &str) {
+    let log = op.log();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "{name}: a request was refused by RBAC ({} lines):\n{}",
+        forbidden.len(),
+        forbidden.join("\n")
+    );
+}
+
+async fn apply_json<K>(api: &Api<K>, value: Value) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = value["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply("chart-test").force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying {name}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_chart_runs_both_operators_with_their_own_service_accounts() {
+    // An environment of its own: the chart, not the test harness, installs the CRDs.
+    let env = tokio::task::spawn_blocking(|| {
+        KubeEnv::start(Options {
+            controller_manager: true,
+            scheduler: true,
+            kwok_nodes: 2,
+            install_crds: false,
+        })
+    })
+    .await
+    .expect("join")
+    .expect("test environment");
+    let admin = env.client().await;
+    let kubeconfig = env.kubeconfig_path().to_path_buf();
+    let work = tempfile::tempdir().expect("tempdir");
+    let ns = "kok-system";
+    let keys_ns = env.namespace("machine-keys").await;
+
+    // Install: both operators, debug logs of our own crates (an Event that
+    // cannot be published is logged at debug), text lines.
+    let values = work.path().join("values.yaml");
+    std::fs::write(
+        &values,
+        format!(
+            "logFormat: text\n\
+             logLevel: info,kube_on_kube_operator=debug,node_operator=debug,kok_common=debug\n\
+             nodeOperator:\n  enabled: true\n  sshKeySecretNamespaces: [{keys_ns}]\n"
+        ),
+    )
+    .expect("values");
+    // The release namespace enforces the restricted Pod Security Standard:
+    // Pods that are not hardened are refused and `helm install --wait` fails.
+    apply_json(
+        &Api::<Namespace>::all(admin.clone()),
+        json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }},
+        }),
+    )
+    .await;
+    let chart = chart();
+    let started = Instant::now();
+    ok(
+        helm(
+            &[
+                "install",
+                RELEASE,
+                chart.to_str().expect("utf-8"),
+                "--namespace",
+                ns,
+                "--values",
+                values.to_str().expect("utf-8"),
+                "--wait",
+                "--timeout",
+                "180s",
+            ],
+            Some(&kubeconfig),
+        ),
+        "helm install",
+    );
+    println!("helm install --wait took {:?}", started.elapsed());
+
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for name in [
+        "clusters.kubeonkube.io",
+        "machines.kubeonkube.io",
+        "packageversions.kubeonkube.io",
+        "clusterpackageversions.kubeonkube.io",
+        "canaryreleases.kubeonkube.io",
+    ] {
+        crds.get(name)
+            .await
+            .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+    }
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    let kok_deployment = deployments.get(KOK_SA).await.expect("operator Deployment");
+    let node_deployment = deployments
+        .get(NODE_SA)
+        .await
+        .expect("node-operator Deployment");
+    for d in [&kok_deployment, &node_deployment] {
+        assert_eq!(
+            d.status.as_ref().and_then(|s| s.ready_replicas),
+            Some(2),
+            "{}: both replicas admitted (restricted) and Ready",
+            d.name_any()
+        );
+    }
+
+    // The kube-on-kube-operator with its ServiceAccount's token: a Minimal
+    // Cluster converges on kwok.
+    let kok_config = work.path().join("kok.kubeconfig");
+    token_kubeconfig(&env, &token_of(&admin, ns, KOK_SA).await, &kok_config);
+    let mut kok = Running::start(
+        "kube-on-kube-operator",
+        &kok_deployment,
+        &kok_config,
+        work.path().join("kube-on-kube-operator.log"),
+    );
+    let clusters_ns = env.namespace("chart-clusters").await;
+    let mut cluster: Value = serde_norway::from_str(
+        &std::fs::read_to_string(repo().join("examples/cluster-minimal.yaml")).expect("example"),
+    )
+    .expect("example parses");
+    cluster["metadata"]["namespace"] = json!(clusters_ns);
+    let clusters: Api<Cluster> = Api::namespaced(admin.clone(), &clusters_ns);
+    apply_json(&clusters, cluster).await;
+    let started = Instant::now();
+    let converged = [
+        "CertificatesReady",
+        "EtcdReady",
+        "APIServerReady",
+        "ControllerManagerReady",
+        "SchedulerReady",
+    ];
+    eventually(
+        "the Minimal Cluster converges",
+        Duration::from_secs(300),
+        &mut kok,
+        || {
+            let clusters = clusters.clone();
+            async move {
+                let c = clusters.get("ci").await.ok()?;
+                let status = c.status?;
+                converged
+                    .iter()
+                    .all(|t| condition(&status.conditions, t).is_some_and(|c| c.status == "True"))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    println!("Minimal Cluster converged in {:?}", started.elapsed());
+    let events: Api<Event> = Api::namespaced(admin.clone(), &clusters_ns);
+    let published = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("kube-on-kube-operator"))
+        .count();
+    assert!(
+        published > 0,
+        "the operator published Events on the Cluster"
+    );
+    assert_not_forbidden(&kok, "kube-on-kube-operator");
+    // Deleting it: the operator tears it down and releases its finalizer.
+    clusters
+        .delete("ci", &DeleteParams::default())
+        .await
+        .expect("delete cluster");
+    eventually(
+        "the deleted Cluster is gone",
+        Duration::from_secs(120),
+        &mut kok,
+        || {
+            let clusters = clusters.clone();
+            async move { clusters.get_opt("ci").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+
+    // The node-operator with its ServiceAccount's token, against a real SSH
+    // host: it logs in, makes the kubelet's bootstrap token, and reports the
+    // package it cannot download; a CanaryRelease claims the Machine.
+    let hosts = tokio::task::spawn_blocking(|| TestHosts::start(1))
+        .await
+        .expect("join")
+        .expect("SSH test host");
+    let host = &hosts.hosts()[0];
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &keys_ns);
+    apply_json(
+        &secrets,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "ssh-key", "namespace": keys_ns},
+            "stringData": {"ssh-privatekey": hosts.client_private_key_pem()},
+        }),
+    )
+    .await;
+    // What the bootstrap add-on writes into a business cluster.
+    let ca = env
+        .kubeconfig()
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.certificate_authority_data.clone())
+        .expect("CA");
+    let cluster_info = serde_norway::to_string(&json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "", "cluster": {"server": env.api_url(), "certificate-authority-data": ca}}],
+    }))
+    .expect("yaml");
+    apply_json(
+        &Api::<ConfigMap>::namespaced(admin.clone(), "kube-public"),
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": {"kubeconfig": cluster_info},
+        }),
+    )
+    .await;
+    let pvs: Api<PackageVersion> = Api::all(admin.clone());
+    for version in ["1.35.4", "1.35.5"] {
+        apply_json(
+            &pvs,
+            json!({
+                "apiVersion": "kubeonkube.io/v1alpha1", "kind": "PackageVersion",
+                "metadata": {"name": format!("kubelet-{version}")},
+                "spec": {
+                    "package": "kubelet",
+                    "version": version,
+                    "artifacts": [{
+                        "arch": "amd64",
+                        "url": hosts.artifact_url(&format!("missing-kubelet-{version}.tar.gz")),
+                        "sha256": "0000000000000000000000000000000000000000000000000000000000000000",
+                    }],
+                },
+            }),
+        )
+        .await;
+    }
+    apply_json(
+        &Api::<ClusterPackageVersion>::all(admin.clone()),
+        json!({
+            "apiVersion": "kubeonkube.io/v1alpha1", "kind": "ClusterPackageVersion",
+            "metadata": {"name": "default"},
+            "spec": {"packages": {"kubelet": "kubelet-1.35.4"}},
+        }),
+    )
+    .await;
+
+    let node_config = work.path().join("node.kubeconfig");
+    token_kubeconfig(&env, &token_of(&admin, ns, NODE_SA).await, &node_config);
+    let mut node_op = Running::start(
+        "node-operator",
+        &node_deployment,
+        &node_config,
+        work.path().join("node-operator.log"),
+    );
+    let machines: Api<Machine> = Api::all(admin.clone());
+    apply_json(
+        &machines,
+        json!({
+            "apiVersion": "kubeonkube.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "chart-worker", "labels": {"pool": "chart"}},
+            "spec": {
+                "ip": host.ip().to_string(),
+                "ssh": {
+                    "user": "root",
+                    "port": host.port(),
+                    "privateKeySecretRef": {"name": "ssh-key", "namespace": keys_ns, "key": "ssh-privatekey"},
+                    "hostPublicKey": host.host_public_key(),
+                },
+            },
+        }),
+    )
+    .await;
+    let started = Instant::now();
+    let status = eventually(
+        "the Machine is reached over SSH and its download fails",
+        Duration::from_secs(180),
+        &mut node_op,
+        || {
+            let machines = machines.clone();
+            async move {
+                let m = machines.get("chart-worker").await.ok()?;
+                let status = m.status?;
+                let reachable = condition(&status.conditions, "Reachable")?;
+                let packages = condition(&status.conditions, "PackagesInstalled")?;
+                (reachable.status == "True" && packages.reason == "DownloadFailed")
+                    .then_some(status)
+            }
+        },
+    )
+    .await;
+    println!(
+        "Machine reached and its download refused in {:?}: {:?}",
+        started.elapsed(),
+        status.conditions
+    );
+    let tokens: Api<Secret> = Api::namespaced(admin.clone(), "kube-system");
+    let machine_tokens = ListParams::default().labels("kubeonkube.io/machine=chart-worker");
+    assert_eq!(
+        tokens
+            .list(&machine_tokens)
+            .await
+            .expect("tokens")
+            .items
+            .len(),
+        1,
+        "the node-operator made the Machine's bootstrap token"
+    );
+    let machine = machines.get("chart-worker").await.expect("machine");
+    assert!(
+        machine
+            .finalizers()
+            .iter()
+            .any(|f| f == "kubeonkube.io/machine"),
+        "the Machine carries the node-operator's finalizer"
+    );
+
+    let canaries: Api<CanaryRelease> = Api::all(admin.clone());
+    apply_json(
+        &canaries,
+        json!({
+            "apiVersion": "kubeonkube.io/v1alpha1", "kind": "CanaryRelease",
+            "metadata": {"name": "chart-canary"},
+            "spec": {
+                "selector": {"matchLabels": {"pool": "chart"}},
+                "packages": {"kubelet": "kubelet-1.35.5"},
+                "batches": [1],
+            },
+        }),
+    )
+    .await;
+    eventually(
+        "the CanaryRelease claims the Machine",
+        Duration::from_secs(120),
+        &mut node_op,
+        || {
+            let canaries = canaries.clone();
+            let machines = machines.clone();
+            async move {
+                let c = canaries.get("chart-canary").await.ok()?;
+                c.status.as_ref()?;
+                let m = machines.get("chart-worker").await.ok()?;
+                let claimed = m
+                    .annotations()
+                    .get("kubeonkube.io/canary")
+                    .map(String::as_str);
+                (claimed == Some("chart-canary")
+                    && c.finalizers().iter().any(|f| f.contains("canary")))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    canaries
+        .delete("chart-canary", &DeleteParams::default())
+        .await
+        .expect("delete canary");
+    eventually(
+        "the CanaryRelease is released and gone",
+        Duration::from_secs(120),
+        &mut node_op,
+        || {
+            let canaries = canaries.clone();
+            async move {
+                canaries
+                    .get_opt("chart-canary")
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Offboarding: the host is cleaned, the token deleted, the finalizer released.
+    machines
+        .delete("chart-worker", &DeleteParams::default())
+        .await
+        .expect("delete machine");
+    eventually(
+        "the Machine is offboarded",
+        Duration::from_secs(180),
+        &mut node_op,
+        || {
+            let machines = machines.clone();
+            async move {
+                machines
+                    .get_opt("chart-worker")
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        tokens
+            .list(&machine_tokens)
+            .await
+            .expect("tokens")
+            .items
+            .is_empty(),
+        "offboarding deleted the bootstrap token"
+    );
+    assert_not_forbidden(&node_op, "node-operator");
+    assert_not_forbidden(&kok, "kube-on-kube-operator");
+    drop(node_op);
+    drop(kok);
+
+    // Uninstall: every operator object goes, the CRDs stay.
+    ok(
+        helm(
+            &[
+                "uninstall",
+                RELEASE,
+                "--namespace",
+                ns,
+                "--wait",
+                "--timeout",
+                "120s",
+            ],
+            Some(&kubeconfig),
+        ),
+        "helm uninstall",
+    );
+    let release = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    let mut left = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        left.clear();
+        for namespace in [ns, "kube-system", "kube-public", keys_ns.as_str()] {
+            let names = |kind: &str, items: Vec<String>| -> Vec<String> {
+                items
+                    .into_iter()
+                    .map(|n| format!("{kind} {namespace}/{n}"))
+                    .collect()
+            };
+            macro_rules! gone {
+                ($kind:ty, $label:expr) => {
+                    left.extend(names(
+                        $label,
+                        Api::<$kind>::namespaced(admin.clone(), namespace)
+                            .list(&release)
+                            .await
+                            .expect($label)
+                            .items
+                            .iter()
+                            .map(|o| o.name_any())
+                            .collect(),
+                    ))
+                };
+            }
+            gone!(Deployment, "Deployment");
+            gone!(Service, "Service");
+            gone!(ServiceAccount, "ServiceAccount");
+            gone!(PodDisruptionBudget, "PodDisruptionBudget");
+            gone!(Role, "Role");
+            gone!(RoleBinding, "RoleBinding");
+            gone!(Pod, "Pod");
+        }
+        left.extend(
+            Api::<ClusterRole>::all(admin.clone())
+                .list(&release)
+                .await
+                .expect("cluster roles")
+                .items
+                .iter()
+                .map(|o| format!("ClusterRole {}", o.name_any())),
+        );
+        left.extend(
+            Api::<ClusterRoleBinding>::all(admin.clone())
+                .list(&release)
+                .await
+                .expect("cluster role bindings")
+                .items
+                .iter()
+                .map(|o| format!("ClusterRoleBinding {}", o.name_any())),
+        );
+        if left.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(left.is_empty(), "left behind by helm uninstall: {left:?}");
+    for name in ["clusters.kubeonkube.io", "machines.kubeonkube.io"] {
+        crds.get(name)
+            .await
+            .unwrap_or_else(|e| panic!("CRD {name} kept: {e}"));
+    }
 }
