@@ -773,6 +773,42 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         );
     }
 
+    // A user add-on taken out of the spec is removed (its Namespace stays);
+    // with the unknown one gone too, AddonsReady is True again.
+    set_addons(&clusters, json!([coredns_bumped])).await;
+    wait_for(
+        "the demo add-on to be removed",
+        Duration::from_secs(90),
+        async || {
+            api.get(&["-n", "demo", "configmap", "demo-v2"])
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let (_, reason, message) = wait_addons(
+        &clusters,
+        "AddonsReady True again",
+        Duration::from_secs(90),
+        |(s, _, _)| s == "True",
+    )
+    .await;
+    assert_eq!(reason, "Applied", "{message}");
+    assert!(!message.contains("demo"), "{message}");
+    api.get(&["namespace", "demo"])
+        .expect("Namespaces are kept");
+    api.get(&["-n", "kube-system", "daemonset", "kube-proxy"])
+        .expect("kube-proxy is back once no longer disabled");
+    let inventory = applied_at(&maps).await;
+    assert!(!inventory.contains_key("demo"), "{inventory:?}");
+    assert!(
+        events(&client, &ns)
+            .await
+            .iter()
+            .any(|(r, n)| r == "AddonRemoved" && n == "removed demo"),
+        "no Event about removing demo"
+    );
+
     // Deleting the Cluster removes everything, the inventory included.
     let deleted = Instant::now();
     clusters
