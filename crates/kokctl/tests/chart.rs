@@ -643,6 +643,28 @@ where
     }
 }
 
+/// Deletes `name` and waits (watching `op`) until it is gone: for objects an
+/// operator holds with a finalizer, so this proves it let go.
+async fn delete_and_wait<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    op: &mut Running,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+    eventually(what, timeout, op, || {
+        let api = api.clone();
+        let name = name.to_string();
+        async move { api.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+}
+
 fn condition<'a>(
     conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     type_: &str,
@@ -834,18 +856,12 @@ async fn installed_chart_runs_both_operators_with_their_own_service_accounts() {
     );
     assert_not_forbidden(&kok, "kube-on-kube-operator");
     // Deleting it: the operator tears it down and releases its finalizer.
-    clusters
-        .delete("ci", &DeleteParams::default())
-        .await
-        .expect("delete cluster");
-    eventually(
+    delete_and_wait(
+        &clusters,
+        "ci",
         "the deleted Cluster is gone",
         Duration::from_secs(120),
         &mut kok,
-        || {
-            let clusters = clusters.clone();
-            async move { clusters.get_opt("ci").await.ok()?.is_none().then_some(()) }
-        },
     )
     .await;
 
@@ -1025,48 +1041,22 @@ async fn installed_chart_runs_both_operators_with_their_own_service_accounts() {
         },
     )
     .await;
-    canaries
-        .delete("chart-canary", &DeleteParams::default())
-        .await
-        .expect("delete canary");
-    eventually(
+    delete_and_wait(
+        &canaries,
+        "chart-canary",
         "the CanaryRelease is released and gone",
         Duration::from_secs(120),
         &mut node_op,
-        || {
-            let canaries = canaries.clone();
-            async move {
-                canaries
-                    .get_opt("chart-canary")
-                    .await
-                    .ok()?
-                    .is_none()
-                    .then_some(())
-            }
-        },
     )
     .await;
 
     // Offboarding: the host is cleaned, the token deleted, the finalizer released.
-    machines
-        .delete("chart-worker", &DeleteParams::default())
-        .await
-        .expect("delete machine");
-    eventually(
+    delete_and_wait(
+        &machines,
+        "chart-worker",
         "the Machine is offboarded",
         Duration::from_secs(180),
         &mut node_op,
-        || {
-            let machines = machines.clone();
-            async move {
-                machines
-                    .get_opt("chart-worker")
-                    .await
-                    .ok()?
-                    .is_none()
-                    .then_some(())
-            }
-        },
     )
     .await;
     assert!(
