@@ -293,8 +293,11 @@ async fn one_leader_reconciles_and_hands_over_on_kill_and_on_sigterm() {
     )
     .await;
     println!("takeover after SIGKILL of the leader: {took:?} (lease duration {LEASE:?})");
+    // A standby counts the lease duration from when it first saw the last
+    // renewal (up to one retry period late) and notices expiry at its next
+    // retry: lease duration + 2 retry periods (19 s), plus slack for load.
     assert!(
-        took <= LEASE + Duration::from_secs(5),
+        took <= LEASE + Duration::from_secs(9),
         "takeover took {took:?}"
     );
     // The new leader reconciles.
