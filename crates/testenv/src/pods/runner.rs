@@ -337,7 +337,8 @@ async fn run_pod(shared: Arc<Shared>, pod: Pod, mut desired: watch::Receiver<Opt
             }
         }
     };
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // Carries the grace period once the Pod is deleted.
+    let (stop_tx, stop_rx) = watch::channel(None::<i64>);
     let mut containers = Vec::new();
     if let Some(mounts) = mounts {
         ctx.update(|s| s.message = None);
@@ -387,18 +388,43 @@ async fn run_pod(shared: Arc<Shared>, pod: Pod, mut desired: watch::Receiver<Opt
         }
         wait_deleted(&mut desired).await;
     }
-    let grace = pod
-        .metadata
-        .deletion_grace_period_seconds
+    // The grace period the deletion asked for (a second deletion may have
+    // shortened it), as the kubelet does.
+    let deleted = desired.borrow().clone();
+    let grace = deleted
+        .as_ref()
+        .and_then(|p| p.metadata.deletion_grace_period_seconds)
         .or(pod
             .spec
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds))
         .unwrap_or(30);
-    let _ = stop_tx.send(true);
+    let _ = stop_tx.send(Some(grace));
     let deadline = Duration::from_secs(grace.max(0) as u64 + 5);
-    for task in containers {
-        let _ = tokio::time::timeout(deadline, task).await;
+    let join = async {
+        for task in containers {
+            let _ = tokio::time::timeout(deadline, task).await;
+        }
+    };
+    // A second deletion with a shorter grace period shortens the wait, as
+    // the kubelet does.
+    let shorten = async {
+        while desired.changed().await.is_ok() {
+            let asked = desired
+                .borrow()
+                .as_ref()
+                .and_then(|p| p.metadata.deletion_grace_period_seconds);
+            if let Some(g) = asked
+                && stop_tx.borrow().is_some_and(|current| g < current)
+            {
+                let _ = stop_tx.send(Some(g));
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = join => {}
+        _ = shorten => {}
     }
     shared
         .hosts_files
@@ -609,7 +635,7 @@ async fn run_container(
     sandbox: Arc<Sandbox>,
     container: Container,
     restart_policy: String,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Option<i64>>,
     init: bool,
 ) -> Option<i32> {
     let name = container.name.clone();
@@ -627,7 +653,7 @@ async fn run_container(
     let _ = std::fs::create_dir_all(log_path.parent().unwrap_or(&ctx.shared.logs));
     let ports = container.ports.clone().unwrap_or_default();
     loop {
-        if *stop.borrow() {
+        if stop.borrow().is_some() {
             return None;
         }
         let spec = match container_spec(&ctx, &sandbox, &container).await {
@@ -681,8 +707,7 @@ async fn run_container(
             tokio::select! {
                 code = process.wait() => break code,
                 _ = stop.changed() => {
-                    let grace = ctx.pod.metadata.deletion_grace_period_seconds.or(ctx.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds)).unwrap_or(30);
-                    let code = process.stop(Duration::from_secs(grace.max(0) as u64)).await;
+                    let code = process.stop_as_told(&mut stop).await;
                     record_exit(&ctx, &name, code, started, false);
                     return code;
                 }
@@ -955,6 +980,34 @@ impl Process {
         let code = (&mut self.exited).await.ok().flatten();
         self.code = Some(code);
         code
+    }
+
+    /// SIGTERM the container's process group, SIGKILL once the grace period
+    /// `stop` carries is over; a shorter one arriving meanwhile shortens it.
+    async fn stop_as_told(&mut self, stop: &mut watch::Receiver<Option<i64>>) -> Option<i32> {
+        if self.code.is_some() {
+            return self.wait().await;
+        }
+        let began = Instant::now();
+        let grace = |s: &watch::Receiver<Option<i64>>| {
+            Duration::from_secs(s.borrow().unwrap_or(30).max(0) as u64)
+        };
+        let mut limit = grace(stop);
+        let mut told = true;
+        crate::sys::kill_group(self.pid, libc::SIGTERM);
+        loop {
+            tokio::select! {
+                code = self.wait() => return code,
+                _ = tokio::time::sleep(limit.saturating_sub(began.elapsed())) => {
+                    crate::sys::kill_group(self.pid, libc::SIGKILL);
+                    return self.wait().await;
+                }
+                changed = stop.changed(), if told => match changed {
+                    Ok(()) => limit = limit.min(grace(stop)),
+                    Err(_) => told = false,
+                },
+            }
+        }
     }
 
     /// SIGTERM the container's process group, SIGKILL after `grace`.
