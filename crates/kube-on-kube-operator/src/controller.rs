@@ -6,10 +6,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -26,6 +26,13 @@ use crate::render::config_hash;
 use crate::render::control_plane;
 use crate::render::etcd;
 use crate::{Error, addons, certs, rollout, secrets, status};
+
+/// Finalizer through which a deleted Cluster's processes are stopped at once
+/// rather than each after its own graceful shutdown (see [`teardown`]).
+pub const TEARDOWN_FINALIZER: &str = "kubeonkube.io/teardown";
+
+/// Seconds a deleted Cluster's Pods get between SIGTERM and SIGKILL.
+const TEARDOWN_GRACE_SECONDS: i64 = 1;
 
 /// The longest a settled Cluster waits for its next reconcile.
 const IDLE_RECHECK: Duration = Duration::from_secs(3600);
@@ -264,6 +271,19 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .clone()
         .unwrap_or_else(|| ctx.config.etcd_version.clone());
 
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return teardown(&ctx, &cluster, &names).await;
+    }
+    if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
+        let mut finalizers = cluster.finalizers().to_vec();
+        finalizers.push(TEARDOWN_FINALIZER.to_string());
+        // Without it deletion still works, only slower (garbage collection
+        // alone): not a reason to stop converging the cluster.
+        if let Err(error) = set_finalizers(&clusters, &cluster, finalizers).await {
+            tracing::warn!(cluster = %names.cluster, %error, "cannot add the teardown finalizer");
+        }
+    }
+
     // Fetch.
     let existing: BTreeMap<String, Secret> = list(&secrets_api, &names.cluster)
         .await?
@@ -450,7 +470,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         upgrade: Some(&upgrade_plan),
     };
     crate::metrics::record(&names, &all_secrets, &etcd_report);
-    crate::metrics::record(&names, &all_secrets, &etcd_report);
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
     kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
@@ -468,6 +487,111 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     } else {
         Duration::from_secs(10).min(idle)
     }))
+}
+
+/// Replace the Cluster's finalizers, as long as it has not changed since it
+/// was read (its resourceVersion is the precondition).
+async fn set_finalizers(
+    clusters: &Api<Cluster>,
+    cluster: &Cluster,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": cluster.resource_version(),
+    }});
+    clusters
+        .patch(
+            &cluster.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(Error::Kube)?;
+    Ok(())
+}
+
+/// Delete `name`, already gone being fine; whether it was asked for.
+/// Failures are only logged: garbage collection deletes it anyway.
+async fn delete_quietly<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> bool
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if e.code == 404 => false,
+        Err(error) => {
+            tracing::warn!(object = name, %error, "cannot delete during teardown");
+            false
+        }
+    }
+}
+
+/// A deleted Cluster: stop its processes now, then let garbage collection
+/// remove the rest.
+///
+/// Garbage collection alone deletes the Pods with their own grace periods,
+/// and the control plane's graceful shutdown then waits on parts that are
+/// going away at the same moment: kube-apiserver tries to remove its lease
+/// and drain requests from an etcd that is shutting down, etcd waits for
+/// kube-apiserver's watch streams, and the node-operator tries to release
+/// its lease on a business API that is gone; the Pods are then killed only
+/// when their grace periods run out, tens of seconds later. That shutdown
+/// matters while a component is rolled (etcd hands over leadership,
+/// kube-apiserver finishes requests), so the Pod templates keep their grace
+/// periods; when the whole cluster is deleted there is nothing left to hand
+/// over to, and the Pods are deleted with a short grace period instead.
+/// Deployments and ReplicaSets go first so that nothing replaces the Pods.
+/// Every step is best effort: what it cannot do, garbage collection does at
+/// its own pace, and the finalizer is removed regardless.
+async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Action, Error> {
+    if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let ns = &names.namespace;
+    let client = &ctx.client;
+    let background = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    for d in list(&deployments, &names.cluster).await.unwrap_or_default() {
+        delete_quietly(&deployments, &d.name_any(), &background).await;
+    }
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+    for rs in list(&replica_sets, &names.cluster)
+        .await
+        .unwrap_or_default()
+    {
+        delete_quietly(&replica_sets, &rs.name_any(), &background).await;
+    }
+    let quick = DeleteParams {
+        grace_period_seconds: Some(TEARDOWN_GRACE_SECONDS as u32),
+        ..background
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut stopped = 0;
+    for p in list(&pods, &names.cluster).await.unwrap_or_default() {
+        if p.metadata
+            .deletion_grace_period_seconds
+            .is_some_and(|g| g <= TEARDOWN_GRACE_SECONDS)
+        {
+            continue;
+        }
+        if delete_quietly(&pods, &p.name_any(), &quick).await {
+            stopped += 1;
+        }
+    }
+    tracing::info!(cluster = %names.cluster, pods = stopped, "cluster deleted: stopping its Pods");
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
+    let finalizers = cluster
+        .finalizers()
+        .iter()
+        .filter(|f| *f != TEARDOWN_FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(&clusters, cluster, finalizers).await?;
+    Ok(Action::await_change())
 }
 
 /// Transient failures are retried with a delay; the controller runtime adds its

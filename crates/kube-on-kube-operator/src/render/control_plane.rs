@@ -25,6 +25,8 @@ pub const API_PORT: i32 = 6443;
 const CONTROLLER_MANAGER_PORT: i32 = 10257;
 const SCHEDULER_PORT: i32 = 10259;
 const PKI: &str = "/etc/kubernetes/pki";
+/// How long a stopping kube-apiserver keeps serving before it shuts down.
+const SHUTDOWN_DELAY: &str = "5s";
 pub(crate) const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
 
 /// Images and the config hash of one component's Pods.
@@ -204,6 +206,10 @@ pub fn apiserver(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deplo
             ("endpoint-reconciler-type", reconciler.into()),
             ("bind-address", "0.0.0.0".into()),
             ("secure-port", API_PORT.to_string()),
+            // A replica being replaced keeps serving (failing only /readyz)
+            // until the Services have stopped sending it requests, well within
+            // the termination grace period.
+            ("shutdown-delay-duration", SHUTDOWN_DELAY.into()),
             ("etcd-servers", etcd_servers.join(",")),
             ("etcd-cafile", format!("{PKI}/etcd/ca.crt")),
             ("etcd-certfile", format!("{PKI}/apiserver-etcd-client.crt")),
