@@ -636,6 +636,9 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
             Some(CanaryPhase::RollingBack | CanaryPhase::RolledBack)
         )
         || (over && spec.auto_rollback);
+    // A rollback turns failed Machines into rolled-back ones, which no longer
+    // count against the budget; the release stays halted all the same.
+    let halted = over || (rolling_back && conditions::is_true(&old.conditions, condition::HALTED));
 
     if rolling_back {
         if !matches!(
@@ -674,11 +677,18 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
                 continue;
             }
             let back = rolled_back(m, &previous);
+            // A failed Machine keeps its failure as the message: why it
+            // was rolled back.
+            let failed = entry.result == R::Failed;
             if back {
                 entry.result = R::RolledBack;
-                entry.message = None;
+                if !failed {
+                    entry.message = None;
+                }
             } else {
-                entry.message = Some("rolling back to its previous versions".into());
+                if !failed {
+                    entry.message = Some("rolling back to its previous versions".into());
+                }
                 done = false;
             }
         }
@@ -715,7 +725,7 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
         requeue = Duration::from_secs(300);
         status.batch_passed_at = None;
         aggregate(&mut status);
-        finish_conditions(&mut conds, &status, failed, budget, over, generation, now);
+        finish_conditions(&mut conds, &status, failed, budget, halted, generation, now);
         status.conditions = conds;
         return Plan {
             status,
@@ -849,7 +859,7 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
     let current = status.current_batch.unwrap_or(0);
     status.batch_progress = Some(format!("{}/{total}", (current + 1).min(total)));
     aggregate(&mut status);
-    finish_conditions(&mut conds, &status, failed, budget, over, generation, now);
+    finish_conditions(&mut conds, &status, failed, budget, halted, generation, now);
     status.conditions = conds;
     Plan {
         status,
@@ -866,7 +876,7 @@ fn finish_conditions(
     status: &CanaryReleaseStatus,
     failed: usize,
     budget: usize,
-    over: bool,
+    halted: bool,
     generation: Option<i64>,
     now: Timestamp,
 ) {
@@ -900,13 +910,15 @@ fn finish_conditions(
             format!("{phase_name} at batch {batch}"),
         ),
     }
-    if over {
-        set(
-            condition::HALTED,
-            true,
-            "FailureBudgetSpent",
-            format!("{failed} Machines failed; the failure budget is {budget}"),
-        );
+    if halted {
+        let message = if failed > budget {
+            format!("{failed} Machines failed; the failure budget is {budget}")
+        } else {
+            format!(
+                "the failure budget of {budget} was spent; the failed Machines were rolled back"
+            )
+        };
+        set(condition::HALTED, true, "FailureBudgetSpent", message);
     } else {
         set(
             condition::HALTED,
@@ -1712,6 +1724,15 @@ mod tests {
         assert_eq!(
             results(&r),
             vec![("a".into(), 0, R::RolledBack), ("b".into(), 1, R::Pending)]
+        );
+        // Still halted, and a says why it was rolled back.
+        assert!(conditions::is_true(&st.conditions, condition::HALTED));
+        let a = &st.machines[0];
+        assert!(
+            a.message
+                .as_deref()
+                .is_some_and(|m| m.contains("upgrade failed")),
+            "{a:?}"
         );
     }
 

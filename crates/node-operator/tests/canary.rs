@@ -566,6 +566,79 @@ async fn canary_batches_pause_conflict_promote_halt_and_roll_back() {
         )
         .await;
     }
+
+    // 6. The same broken version with automatic rollback, in batches of a
+    // third: the first failure spends the budget and the release rolls the
+    // Machine back by itself.
+    let auto = "kubelet-1.35.6-auto";
+    let mut r = release(auto, BROKEN, json!(["33%"]), "0s");
+    r.spec.auto_rollback = true;
+    let t = Instant::now();
+    releases.create(&PostParams::default(), &r).await.unwrap();
+    let r = wait_phase(
+        &releases,
+        auto,
+        CanaryPhase::RolledBack,
+        Duration::from_secs(180),
+    )
+    .await;
+    eprintln!(
+        "broken release rolled back automatically {:?} after it started",
+        t.elapsed()
+    );
+    let st = r.status.clone().unwrap();
+    assert_eq!(st.batch_progress.as_deref(), Some("1/2"), "{st:?}");
+    let first: Vec<_> = st.machines.iter().filter(|m| m.batch == 0).collect();
+    assert_eq!(
+        first.len(),
+        1,
+        "33% of 3 Machines, rounded up, is one: {st:?}"
+    );
+    assert_eq!(first[0].result, CanaryMachineResult::RolledBack);
+    assert!(
+        first[0]
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("upgrade failed")),
+        "the rolled-back Machine says why: {st:?}"
+    );
+    assert!(
+        st.machines
+            .iter()
+            .filter(|m| m.batch == 1)
+            .all(|m| m.result == CanaryMachineResult::Pending),
+        "{st:?}"
+    );
+    assert_eq!(canary_condition(&r, "Halted").unwrap().0, "True");
+    let events = canary_events(&h, auto).await;
+    for reason in ["MachineFailed", "RollingBack", "RolledBack"] {
+        assert!(events.iter().any(|e| e == reason), "{reason}: {events:?}");
+    }
+    assert!(
+        !events.iter().any(|e| e == "Halted"),
+        "rolled back, not left halted: {events:?}"
+    );
+    let back = hosts.iter().find(|h| h.name() == first[0].name).unwrap();
+    wait_at(
+        &machines,
+        back.name(),
+        "kubelet",
+        GOOD,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        on(back, "readlink /opt/kube-on-kube/packages/kubelet/current"),
+        "1.35.5"
+    );
+    for host in hosts {
+        assert_eq!(
+            on(host, "readlink /opt/kube-on-kube/packages/kubelet/current"),
+            "1.35.5",
+            "{}",
+            host.name()
+        );
+    }
     recorder.stop();
     eprintln!("whole test in {:?}", started.elapsed());
 }
