@@ -177,6 +177,10 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
     api.delete("prod", &DeleteParams::background())
         .await
         .expect("delete");
+    // The operator's part of the deletion: stop the Pods, release the Cluster.
+    reconcile(Arc::new(api.get("prod").await.expect("get")), ctx.clone())
+        .await
+        .expect("teardown");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let labels = ListParams::default().labels("kubeonkube.io/cluster=prod");
     loop {
