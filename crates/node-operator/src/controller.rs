@@ -85,6 +85,9 @@ pub struct Context {
     checked: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Per Machine, the inputs of the last attempt (`.0`) and of the last
+    /// failure that only a change can fix (`.1`).
+    attempts: Mutex<HashMap<String, (u64, Option<u64>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -108,6 +111,7 @@ impl Context {
             remediations,
             checked: Mutex::default(),
             failures: Mutex::default(),
+            attempts: Mutex::default(),
         }
     }
 
@@ -132,6 +136,31 @@ impl Context {
     pub fn forget(&self, machine: &str) {
         lock(&self.checked).remove(machine);
         lock(&self.failures).remove(machine);
+        lock(&self.attempts).remove(machine);
+    }
+
+    /// Records the inputs (a hash) the Machine is about to be worked on with.
+    pub fn attempt(&self, machine: &str, inputs: u64) {
+        lock(&self.attempts)
+            .entry(machine.to_string())
+            .or_insert((inputs, None))
+            .0 = inputs;
+    }
+
+    /// The last attempt failed in a way only a change can fix: the same
+    /// inputs are not tried again.
+    pub fn park(&self, machine: &str) {
+        if let Some(entry) = lock(&self.attempts).get_mut(machine) {
+            entry.1 = Some(entry.0);
+        }
+    }
+
+    /// Whether the Machine failed with exactly these inputs and needs a
+    /// change before it is worth trying again.
+    pub fn parked(&self, machine: &str, inputs: u64) -> bool {
+        lock(&self.attempts)
+            .get(machine)
+            .is_some_and(|(_, parked)| *parked == Some(inputs))
     }
 
     /// Publishes an Event on `machine`; a failure to publish is only logged.

@@ -71,6 +71,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
                 tracing::warn!(machine = %name, error = %e, "writing the failed status");
             }
             if error.needs_change() {
+                ctx.park(&name);
                 tracing::warn!(machine = %name, category = error.category(), %error, "waiting for a change");
                 Ok(Action::requeue(WAIT_FOR_CHANGE))
             } else {
@@ -219,6 +220,14 @@ async fn converge(
     let name = machine.name_any();
     let generation = machine.metadata.generation;
     let (wanted, cpv) = wanted(&ctx.client, machine).await?;
+    // A failure only a change can fix (a checksum mismatch, a host-key
+    // mismatch) is not retried on every Node or status update: only once the
+    // Machine or its package versions change, or after WAIT_FOR_CHANGE.
+    let inputs = attempt_inputs(machine, &wanted);
+    if status::failed(st) && ctx.parked(&name, inputs) {
+        return Ok(Action::requeue(WAIT_FOR_CHANGE));
+    }
+    ctx.attempt(&name, inputs);
     let node_name = plan::node_name(machine);
     let node = get_node(&ctx.client, &node_name).await?;
     let node_ready = plan::ready(node.as_ref());
@@ -341,6 +350,23 @@ async fn converge(
     } else {
         Ok(Action::requeue(Duration::from_secs(3)))
     }
+}
+
+/// A hash of what an attempt on the Machine depends on: its spec and the
+/// PackageVersions it should run.
+fn attempt_inputs(machine: &Machine, wanted: &[Wanted]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&machine.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    for w in wanted {
+        w.package_version.hash(&mut h);
+        serde_json::to_string(&w.spec)
+            .unwrap_or_default()
+            .hash(&mut h);
+    }
+    h.finish()
 }
 
 /// What kind of change a package needs.

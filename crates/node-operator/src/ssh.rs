@@ -230,7 +230,7 @@ impl Session {
             openssh::Error::Disconnected | openssh::Error::RemoteProcessTerminated => {
                 Error::Unreachable {
                     host: self.host.clone(),
-                    detail: e.to_string(),
+                    detail: format!("the connection was lost during a step ({e})"),
                 }
             }
             _ => classify(&self.host, e),

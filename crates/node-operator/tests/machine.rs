@@ -381,20 +381,32 @@ async fn machines_join_are_repaired_and_leave() {
     // A kubelet whose artifact does not match its checksum is refused and
     // the running version stays current.
     let h2 = &three[2];
+    let kubelet_downloads = count(&hosts.artifact_requests(), "kubelet.tar.gz");
     let patch = json!({"spec": {"packages": {"kubelet": "kubelet-1.35.9"}}});
     machines
         .patch(h2.name(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let m = wait_for(
+    wait_for(
         "the checksum mismatch reported",
         Duration::from_secs(60),
         async || {
             let m = machine_status(&machines, h2.name()).await?;
-            (condition(&m, "PackagesInstalled") == Some(("False", "ChecksumMismatch"))).then_some(m)
+            (condition(&m, "PackagesInstalled") == Some(("False", "ChecksumMismatch"))
+                && phase(&m) == Some(MachinePhase::Failed))
+            .then_some(())
         },
     )
     .await;
+    // Not tried again while nothing changed, though Node and status updates
+    // keep reaching the operator.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        count(&hosts.artifact_requests(), "kubelet.tar.gz"),
+        kubelet_downloads + 1,
+        "the mismatching artifact downloaded once"
+    );
+    let m = machines.get(h2.name()).await.unwrap();
     assert_eq!(phase(&m), Some(MachinePhase::Failed));
     let message = condition_message(&m, "PackagesInstalled").unwrap();
     assert!(
@@ -509,6 +521,8 @@ async fn machines_join_are_repaired_and_leave() {
         phase(&m),
         condition_message(&m, "Reachable")
     );
+    let message = condition_message(&m, "Reachable").unwrap();
+    assert!(message.contains("unreachable"), "{message}");
     assert!(has_event(&client, h3.name(), "Unreachable").await);
     h3.reconnect().unwrap();
     wait_ready(&machines, h3.name(), Duration::from_secs(150)).await;
