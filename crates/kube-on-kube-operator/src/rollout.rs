@@ -192,7 +192,7 @@ pub async fn reconcile(
         } else {
             EventType::Normal
         };
-        publish(ctx, cluster, type_, note.reason, "Upgrade", note.note).await;
+        publish(ctx, cluster, type_, note.reason, note.action, note.note).await;
     }
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();

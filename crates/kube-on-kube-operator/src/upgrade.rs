@@ -390,11 +390,25 @@ pub fn etcd_settled_by_pods(pods: &[Pod], image: &str, members: usize) -> bool {
         })
 }
 
-/// An Event to publish: reason and note.
+/// An Event to publish: reason, action and note.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
     pub reason: &'static str,
+    /// Events of one reason and action are counted as one series (the note
+    /// of the first is kept), so what differs per component is in it.
+    pub action: &'static str,
     pub note: String,
+}
+
+/// The action of a component's own upgrade Events.
+pub fn upgrade_action(component: Component) -> &'static str {
+    match component {
+        Component::Etcd => "UpgradeEtcd",
+        Component::ApiServer => "UpgradeKubeAPIServer",
+        Component::ControllerManager => "UpgradeKubeControllerManager",
+        Component::Scheduler => "UpgradeKubeScheduler",
+        Component::NodeOperator => "UpgradeNodeOperator",
+    }
 }
 
 /// The Events a plan calls for, given the versions the previous status
@@ -418,6 +432,7 @@ pub fn events(inputs: &Inputs, plan: &Plan, previous: &[Option<String>]) -> Vec<
             .unwrap_or_default();
         out.push(Note {
             reason: "UpgradeStarted",
+            action: "Upgrade",
             note: format!(
                 "upgrading the control plane to v{to} (from {})",
                 if from.is_empty() {
@@ -435,6 +450,7 @@ pub fn events(inputs: &Inputs, plan: &Plan, previous: &[Option<String>]) -> Vec<
                 let replicas = step.live.as_ref().map_or(0, |l| l.rollout.desired);
                 out.push(Note {
                     reason: "ComponentUpgraded",
+                    action: upgrade_action(step.component),
                     note: format!(
                         "{} runs v{} on {replicas}/{replicas} replicas",
                         display_name(step.component),
@@ -446,6 +462,7 @@ pub fn events(inputs: &Inputs, plan: &Plan, previous: &[Option<String>]) -> Vec<
         if !plan.upgrading && plan.refused.is_none() {
             out.push(Note {
                 reason: "UpgradeCompleted",
+                action: "Upgrade",
                 note: format!(
                     "the control plane runs v{}",
                     inputs
@@ -460,6 +477,7 @@ pub fn events(inputs: &Inputs, plan: &Plan, previous: &[Option<String>]) -> Vec<
     if let Some(reason) = &plan.refused {
         out.push(Note {
             reason: "UpgradeRefused",
+            action: "Upgrade",
             note: reason.clone(),
         });
     }
@@ -656,6 +674,7 @@ mod tests {
             notes,
             vec![Note {
                 reason: "ComponentUpgraded",
+                action: "UpgradeKubeAPIServer",
                 note: "kube-apiserver runs v1.35.4 on 3/3 replicas".into()
             }]
         );
