@@ -1254,6 +1254,7 @@ async fn deleting_a_cluster_removes_everything_it_owns_within_seconds() {
     );
     println!("Pods first seen shutting down at: {stopping_at:?}");
     assert!(last.is_empty());
-    assert!(took <= Duration::from_secs(15), "deletion took {took:?}");
+    // The goal is 5 s; the bound leaves room for a loaded machine.
+    assert!(took <= Duration::from_secs(10), "deletion took {took:?}");
     stop_operator_pod(&client, &ns).await;
 }
