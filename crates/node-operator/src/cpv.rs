@@ -225,6 +225,15 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let client = &ctx.client;
+    // The controller's cache can lag behind the status the last reconcile
+    // wrote; comparing with that older status would repeat its Events.
+    let Some(cpv) = Api::<ClusterPackageVersion>::all(client.clone())
+        .get_opt(&cpv.name_any())
+        .await
+        .map_err(Error::Kube)?
+    else {
+        return Ok(Action::await_change());
+    };
     let pvs: BTreeMap<String, PackageVersion> = Api::<PackageVersion>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -143,16 +143,7 @@ async fn canary_batches_pause_conflict_promote_halt_and_roll_back() {
         apply(&machines, &m).await;
     }
     let _operator = h.operator();
-    for host in hosts {
-        wait_at(
-            &machines,
-            host.name(),
-            "kubelet",
-            OLD,
-            Duration::from_secs(240),
-        )
-        .await;
-    }
+    wait_all_at(&machines, hosts, "kubelet", OLD, Duration::from_secs(240)).await;
     eprintln!("3 Machines Ready at {OLD} after {:?}", started.elapsed());
 
     let mut recorder = Recorder::new();

@@ -85,16 +85,7 @@ async fn default_change_rolls_within_the_budget() {
         apply(&machines, &m).await;
     }
     let _operator = h.operator();
-    for host in hosts {
-        wait_at(
-            &machines,
-            host.name(),
-            "kubelet",
-            OLD,
-            Duration::from_secs(240),
-        )
-        .await;
-    }
+    wait_all_at(&machines, hosts, "kubelet", OLD, Duration::from_secs(240)).await;
     eprintln!("4 Machines Ready at {OLD} after {:?}", started.elapsed());
 
     // A Pod on every Node, for the drains to evict; the second Node cordoned

@@ -883,6 +883,20 @@ pub async fn wait_at(
     .await
 }
 
+/// Waits until the Machine of every one of `hosts` is Ready with `package`
+/// at PackageVersion `pv`, healthy.
+pub async fn wait_all_at(
+    api: &Api<Machine>,
+    hosts: &[TestHost],
+    package: &str,
+    pv: &str,
+    timeout: Duration,
+) {
+    for host in hosts {
+        wait_at(api, host.name(), package, pv, timeout).await;
+    }
+}
+
 /// A bare Pod bound to Node `node` (no scheduler needed), for drains to evict.
 pub fn pod_on(node: &str, name: &str) -> k8s_openapi::api::core::v1::Pod {
     serde_json::from_value(serde_json::json!({
