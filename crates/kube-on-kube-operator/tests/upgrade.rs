@@ -53,23 +53,6 @@ const UPGRADE: Duration = Duration::from_secs(600);
 /// real processes, and the machines this runs on are small.
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The node-operator binary (an add-on every Cluster runs): `KOK_NODE_OPERATOR`,
-/// else beside this test in the same profile directory.
-fn node_operator_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("KOK_NODE_OPERATOR") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("node-operator"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("no node-operator binary next to {}: run `cargo build -p node-operator` first (or set KOK_NODE_OPERATOR)", exe.display())
-        })
-}
-
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
     RUNNER.get_or_init(|| {
@@ -770,10 +753,6 @@ async fn patch_upgrade_rolls_in_order_across_an_operator_restart() {
         "observed ({} snapshots): first Pod at v{TO} {:?}, no old Pod left {:?}, kube-proxy at v{TO} {:?}, fewest ready kube-apiservers {}",
         seen.snapshots, seen.first_new, seen.all_new, seen.addon_new, seen.fewest_ready_apiservers
     );
-    println!(
-        "business API during the upgrade: {} answered, {} failed {:?}",
-        polled.ok, polled.failed, polled.failures
-    );
 
     // In order: each component started only once the one before it had no
     // Pod of the old release left, and the add-ons came last.
@@ -1143,10 +1122,6 @@ async fn short_lived_certificates_rotate_without_an_outage() {
         .expect("read with the new kubeconfig");
 
     let (polled, longest_outage) = poller.stop().await;
-    println!(
-        "business API during the rotation: {} answered, {} failed {:?}",
-        polled.ok, polled.failed, polled.failures
-    );
     assert_available(&polled, longest_outage);
     clusters
         .delete(name, &DeleteParams::background())
