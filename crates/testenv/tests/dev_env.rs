@@ -50,6 +50,9 @@ async fn runs_both_operators_against_both_clusters_with_the_examples() {
         .arg(&examples)
         .arg("--operators-dir")
         .arg(operators_dir)
+        // Other tests may run operators on the default ports meanwhile.
+        .arg("--meta-operator-http=127.0.0.1:0")
+        .arg("--node-operator-http=127.0.0.1:0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

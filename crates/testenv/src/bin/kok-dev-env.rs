@@ -51,6 +51,22 @@ struct Args {
         value_name = "SECONDS"
     )]
     exit_after: u64,
+    /// HTTP endpoint (/healthz, /readyz, /metrics, /debug/loglevel) of the
+    /// kube-on-kube-operator. The two operators run side by side, so each needs
+    /// its own port; port 0 picks a free one (the operator logs it).
+    #[arg(
+        long,
+        env = "KOK_DEV_META_OPERATOR_HTTP",
+        default_value = "127.0.0.1:8080"
+    )]
+    meta_operator_http: std::net::SocketAddr,
+    /// HTTP endpoint of the node-operator (see --meta-operator-http).
+    #[arg(
+        long,
+        env = "KOK_DEV_NODE_OPERATOR_HTTP",
+        default_value = "127.0.0.1:8081"
+    )]
+    node_operator_http: std::net::SocketAddr,
 }
 
 /// The meta-cluster runs Cluster control planes as Pods, which need a scheduler
@@ -167,12 +183,14 @@ async fn serve(
         META_OPERATOR,
         &clusters.meta.operator,
         &clusters.meta.kubeconfig,
+        args.meta_operator_http,
         &args.dir,
     )?;
     let mut business_operator = operator::Running::spawn(
         BUSINESS_OPERATOR,
         &clusters.business.operator,
         &clusters.business.kubeconfig,
+        args.node_operator_http,
         &args.dir,
     )?;
     out(&banner(
@@ -284,6 +302,15 @@ fn copy_private(from: &Path, to: &Path) -> anyhow::Result<()> {
 }
 
 /// What to do next, printed once everything runs.
+/// Where an operator's /metrics is, as the banner shows it.
+fn endpoint(address: std::net::SocketAddr) -> String {
+    if address.port() == 0 {
+        "a free port named in its log".to_owned()
+    } else {
+        format!("http://{address}/metrics")
+    }
+}
+
 fn banner(args: &Args, clusters: &Clusters<'_>, operator_logs: &[&Path]) -> String {
     let meta = clusters.meta.kubeconfig.display();
     let business = clusters.business.kubeconfig.display();
@@ -323,6 +350,8 @@ fn banner(args: &Args, clusters: &Clusters<'_>, operator_logs: &[&Path]) -> Stri
          \n\
          Logs:\n\
          \x20 operators         {logs} (also below, prefixed with their name)\n\
+         \n\
+         Metrics and probes: {meta_http} (kube-on-kube-operator), {node_http} (node-operator)\n\
          \x20 meta-cluster      {meta_logs}\n\
          \x20 business cluster  {business_logs}\n\
          \n\
@@ -331,6 +360,8 @@ fn banner(args: &Args, clusters: &Clusters<'_>, operator_logs: &[&Path]) -> Stri
         business_url = clusters.business.env.api_url(),
         path = path.join(":"),
         logs = logs.join(", "),
+        meta_http = endpoint(args.meta_operator_http),
+        node_http = endpoint(args.node_operator_http),
         meta_logs = clusters.meta.env.log_dir().display(),
         business_logs = clusters.business.env.log_dir().display(),
     )
@@ -574,12 +605,14 @@ mod operator {
     }
 
     impl Running {
-        /// Starts `binary --kubeconfig <kubeconfig>`, its output going to
-        /// `<log_dir>/<name>.log` and, prefixed with its name, to stdout.
+        /// Starts `binary --kubeconfig <kubeconfig> --http-address <http>`, its
+        /// output going to `<log_dir>/<name>.log` and, prefixed with its name,
+        /// to stdout.
         pub(crate) fn spawn(
             name: &'static str,
             binary: &Path,
             kubeconfig: &Path,
+            http: std::net::SocketAddr,
             log_dir: &Path,
         ) -> anyhow::Result<Running> {
             let log = log_dir.join(format!("{name}.log"));
@@ -589,6 +622,7 @@ mod operator {
             command
                 .arg("--kubeconfig")
                 .arg(kubeconfig)
+                .arg(format!("--http-address={http}"))
                 // A context from the caller's environment would not exist in
                 // this kubeconfig.
                 .env_remove("KOK_CONTEXT")
