@@ -4,6 +4,8 @@
 pub mod addons;
 pub mod control_plane;
 pub mod etcd;
+#[cfg(test)]
+mod golden;
 pub mod kubeconfig;
 
 use std::collections::BTreeMap;

@@ -852,7 +852,6 @@ mod tests {
     fn golden_files() {
         let c = production();
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/render/addons/golden");
-        let update = std::env::var_os("KOK_UPDATE_GOLDEN").is_some();
         let mut outputs: Vec<(String, String)> = render_all(&c)
             .into_iter()
             .map(|(name, r)| {
@@ -865,12 +864,10 @@ mod tests {
                             .is_none_or(|t| t.kind != "CustomResourceDefinition")
                     })
                     .collect();
-                let text = objects
-                    .iter()
-                    .map(|o| serde_norway::to_string(o).expect("yaml"))
-                    .collect::<Vec<_>>()
-                    .join("---\n");
-                (format!("{name}.yaml"), text)
+                (
+                    format!("{name}.yaml"),
+                    crate::render::golden::yaml(&objects),
+                )
             })
             .collect();
         let n = names(&c);
@@ -885,20 +882,6 @@ mod tests {
             "node-operator-deployment.yaml".into(),
             serde_norway::to_string(&node_operator(&c, &n, &values, "hash")).expect("yaml"),
         ));
-        let mut mismatched = Vec::new();
-        for (file, text) in outputs {
-            let path = dir.join(&file);
-            if update {
-                std::fs::create_dir_all(&dir).expect("golden dir");
-                std::fs::write(&path, &text).expect("write golden");
-            } else if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-                mismatched.push(file);
-            }
-        }
-        assert!(
-            mismatched.is_empty(),
-            "rendered add-ons differ from {}: {mismatched:?} (KOK_UPDATE_GOLDEN=1 rewrites them)",
-            dir.display()
-        );
+        crate::render::golden::check(&dir, outputs);
     }
 }

@@ -1,0 +1,158 @@
+//! Golden files of rendered objects: every object the operator would apply
+//! for the examples, compared with what is committed under
+//! `src/render/golden/` and `src/render/addons/golden/`, so any change to a
+//! rendered manifest shows up in review. `KOK_UPDATE_GOLDEN=1` rewrites them.
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::Service;
+use kube_on_kube_api::cluster::Cluster;
+
+use super::control_plane::{self, PodInputs};
+use super::etcd::{self, MemberPod};
+use crate::membership::{ClusterState, Peer};
+use crate::names::Names;
+
+/// Compares each `(file, text)` with `dir/file`, or writes it when
+/// `KOK_UPDATE_GOLDEN` is set; panics naming every file that differs.
+pub(crate) fn check(dir: &Path, outputs: Vec<(String, String)>) {
+    let update = std::env::var_os("KOK_UPDATE_GOLDEN").is_some();
+    let mut mismatched = Vec::new();
+    for (file, text) in outputs {
+        let path = dir.join(&file);
+        if update {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("golden dir");
+            }
+            std::fs::write(&path, &text).expect("write golden");
+        } else if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+            mismatched.push(file);
+        }
+    }
+    assert!(
+        mismatched.is_empty(),
+        "rendered objects differ from {}: {mismatched:?} (KOK_UPDATE_GOLDEN=1 rewrites them)",
+        dir.display()
+    );
+}
+
+/// Documents joined as one multi-document YAML text.
+pub(crate) fn yaml<T: serde::Serialize>(objects: &[T]) -> String {
+    objects
+        .iter()
+        .map(|o| serde_norway::to_string(o).expect("yaml"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// Every control-plane object of `cluster` as the first reconcile of a new
+/// Cluster renders it (etcd bootstrapping with all members, images from the
+/// default registry, a fixed config hash), one file per component.
+fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
+    let names = Names::new(cluster, "cluster.local");
+    let members = cluster.spec.mode.replicas() as usize;
+    let peers: Vec<Peer> = (0..members)
+        .map(|i| {
+            let name = names.etcd_member(i);
+            Peer {
+                peer_url: names.etcd_peer_url(&name),
+                name,
+            }
+        })
+        .collect();
+    let etcd_version = "3.6.16";
+    let etcd_image = format!("registry.k8s.io/etcd:{etcd_version}-0");
+    let mut etcd_pods = Vec::new();
+    let mut etcd_services: Vec<Service> = Vec::new();
+    let mut claims = Vec::new();
+    for index in 0..members {
+        etcd_pods.push(etcd::member_pod(
+            cluster,
+            &names,
+            &MemberPod {
+                index,
+                initial_cluster: &peers,
+                state: ClusterState::New,
+                version: etcd_version,
+                image: &etcd_image,
+                config_hash: "hash",
+            },
+        ));
+        etcd_services.push(etcd::member_service(cluster, &names, index));
+        claims.extend(etcd::member_claim(cluster, &names, index));
+    }
+    etcd_services.push(etcd::client_service(cluster, &names));
+    let image = |name: &str| format!("registry.k8s.io/{name}:v{}", cluster.spec.version);
+    let (apiserver, controller_manager, scheduler) = (
+        image("kube-apiserver"),
+        image("kube-controller-manager"),
+        image("kube-scheduler"),
+    );
+    let inputs = |image| PodInputs {
+        image,
+        config_hash: "hash",
+    };
+    let mut files = vec![
+        (format!("{prefix}/etcd-pods.yaml"), yaml(&etcd_pods)),
+        (format!("{prefix}/etcd-services.yaml"), yaml(&etcd_services)),
+        (
+            format!("{prefix}/kube-apiserver.yaml"),
+            yaml(&[control_plane::apiserver(
+                cluster,
+                &names,
+                &inputs(&apiserver),
+            )]),
+        ),
+        (
+            format!("{prefix}/kube-apiserver-services.yaml"),
+            yaml(&[
+                control_plane::apiserver_internal_service(cluster, &names),
+                control_plane::apiserver_external_service(cluster, &names),
+            ]),
+        ),
+        (
+            format!("{prefix}/kube-controller-manager.yaml"),
+            yaml(&[control_plane::controller_manager(
+                cluster,
+                &names,
+                &inputs(&controller_manager),
+            )]),
+        ),
+        (
+            format!("{prefix}/kube-scheduler.yaml"),
+            yaml(&[control_plane::scheduler(
+                cluster,
+                &names,
+                &inputs(&scheduler),
+            )]),
+        ),
+    ];
+    // A volume source instead of a claim template means no claims.
+    if !claims.is_empty() {
+        files.push((format!("{prefix}/etcd-claims.yaml"), yaml(&claims)));
+    }
+    files
+}
+
+fn example(text: &str) -> Cluster {
+    serde_norway::from_str(text).expect("example Cluster")
+}
+
+/// The examples' control planes: a Minimal one (one of everything, an
+/// emptyDir for etcd) and a Production one (three of everything, claims,
+/// placement, an external Service).
+#[test]
+fn control_plane_golden_files() {
+    let mut outputs = control_plane(
+        "minimal",
+        &example(include_str!("../../../../examples/cluster-minimal.yaml")),
+    );
+    outputs.extend(control_plane(
+        "production",
+        &example(include_str!("../../../../examples/cluster-production.yaml")),
+    ));
+    check(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/render/golden"),
+        outputs,
+    );
+}
