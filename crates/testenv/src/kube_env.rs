@@ -225,6 +225,9 @@ async fn boot(workdir: Workdir, opts: Options) -> Result<KubeEnv, Error> {
             &pki,
             &kubeconfig_path,
             &workdir.state.join("controller-manager"),
+            // Environments with simulated nodes test control planes, not node
+            // failure; the node-operator's own, without them, see Nodes fail.
+            opts.kwok_nodes > 0,
         )?;
         let log = workdir.logs.join("kube-controller-manager.log");
         processes.push(Supervised::spawn("kube-controller-manager", cmd, &log)?);

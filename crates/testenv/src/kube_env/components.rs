@@ -107,10 +107,16 @@ pub(crate) fn apiserver(
     Ok(cmd)
 }
 
+/// `patient_nodes` gives Nodes five minutes without a heartbeat before they
+/// are marked NotReady (instead of about 50 s): simulated nodes and Pod-runner
+/// nodes renew their Leases through the same loaded API server as everything
+/// else, and a late renewal would mark every Pod on them not ready, which
+/// kwok never sets back.
 pub(crate) fn controller_manager(
     pki: &Pki,
     kubeconfig: &Path,
     cert_dir: &Path,
+    patient_nodes: bool,
 ) -> Result<Command, Error> {
     let mut cmd = Command::new(bins::bin("kube-controller-manager")?);
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -139,6 +145,9 @@ pub(crate) fn controller_manager(
         .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
         .arg("--cluster-name=kok-testenv")
         .arg("--v=2");
+    if patient_nodes {
+        cmd.arg("--node-monitor-grace-period=5m");
+    }
     Ok(cmd)
 }
 
