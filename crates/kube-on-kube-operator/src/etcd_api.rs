@@ -90,14 +90,18 @@ impl EtcdError {
 
     /// Whether the same call may succeed later or on another endpoint: the
     /// endpoint could not be reached, or etcd was unavailable (no leader, or
-    /// members not connected long enough for a membership change). Anything
-    /// else is etcd's final answer.
+    /// members not connected long enough for a membership change), or the
+    /// endpoint is a learner, which serves no linearizable request (a member
+    /// being replaced is one until it is promoted). Anything else is etcd's
+    /// final answer.
     pub fn is_transient(&self) -> bool {
         match self {
             EtcdError::Transport { .. }
             | EtcdError::Timeout { .. }
             | EtcdError::TryAgain { .. } => true,
-            EtcdError::Refused { status, .. } => *status >= 500,
+            EtcdError::Refused {
+                status, message, ..
+            } => *status >= 500 || message.contains("not supported for learner"),
             _ => false,
         }
     }
@@ -619,6 +623,14 @@ mod tests {
         assert!(!e.is_transient());
         let e = refused("https://x:2379", StatusCode::SERVICE_UNAVAILABLE, b"oops");
         assert!(e.is_transient());
+        assert!(!e.is_learner_not_ready());
+        // A learner refuses the member list; another member answers it.
+        let e = refused(
+            "https://x:2379",
+            StatusCode::BAD_REQUEST,
+            br#"{"error":"etcdserver: rpc not supported for learner","code":14,"message":"etcdserver: rpc not supported for learner"}"#,
+        );
+        assert!(e.is_transient(), "{e}");
         assert!(!e.is_learner_not_ready());
     }
 

@@ -252,7 +252,9 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
                     port("peer", PEER_PORT),
                     port("metrics", METRICS_PORT),
                 ]),
-                readiness_probe: Some(probe("/readyz", 3, 1)),
+                // A learner is healthy without a vote: /readyz alone would keep a
+                // learner not ready, and the operator promotes ready learners.
+                readiness_probe: Some(probe("/readyz?exclude=non_learner", 3, 1)),
                 liveness_probe: Some(probe("/livez", 8, 10)),
                 resources: spec.etcd.component.resources.clone(),
                 volume_mounts: Some(vec![
