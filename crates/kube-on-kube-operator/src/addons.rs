@@ -19,8 +19,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
-use kube::runtime::events::{Event, EventType};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::shared::{CLUSTER_LABEL, COMPONENT_LABEL};
 use serde::{Deserialize, Serialize};
@@ -365,20 +365,16 @@ async fn addon_event(
         field_path: Some(format!("data[{INVENTORY_KEY}].{addon}")),
         ..Default::default()
     };
-    let event = Event {
+    crate::controller::publish_related(
+        ctx,
+        inputs.cluster,
         type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: action.into(),
-        secondary: Some(related),
-    };
-    if let Err(e) = ctx
-        .recorder
-        .publish(&event, &inputs.cluster.object_ref(&()))
-        .await
-    {
-        tracing::debug!(error = %e, "cannot publish event");
-    }
+        reason,
+        action,
+        note,
+        Some(related),
+    )
+    .await;
 }
 
 /// Converge every add-on of one Cluster and say how that went.

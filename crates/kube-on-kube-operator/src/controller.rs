@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
@@ -240,12 +240,27 @@ pub(crate) async fn publish(
     action: &str,
     note: String,
 ) {
+    publish_related(ctx, cluster, type_, reason, action, note, None).await;
+}
+
+/// [`publish`] with a related object (the Event's `related`). The recorder
+/// counts Events of one reason and action as one series whatever their notes
+/// say; Events about different related objects stay apart.
+pub(crate) async fn publish_related(
+    ctx: &Context,
+    cluster: &Cluster,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
     let event = Event {
         type_,
         reason: reason.into(),
         note: Some(note),
         action: action.into(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
         tracing::debug!(error = %e, "cannot publish event");

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::events::EventType;
@@ -541,6 +541,14 @@ pub async fn reconcile(
             }
         }
     };
+    // Until a roll is over (every member healthy on the desired version), the
+    // status keeps the version etcd ran before it: a half-rolled cluster does
+    // not run the new version yet, and the end of the roll is then seen as a
+    // change of version, once.
+    let mut report = report;
+    if !report.settled && previous_version.is_some() {
+        report.version = previous_version.clone();
+    }
     if let (Some(before), Some(now)) = (&previous_version, &report.version)
         && before != now
         && report.settled
@@ -723,7 +731,8 @@ impl Act<'_> {
                 let peer = self.slots[*index].peer_url.clone();
                 match async { self.client()?.add_learner(&[peer]).await }.await {
                     Ok((member, _)) => {
-                        self.event(
+                        self.member_event(
+                            Some(*index),
                             "MemberAdded",
                             "AddMember",
                             format!("added {} as a learner (id {:x})", name(*index), member.id),
@@ -736,7 +745,8 @@ impl Act<'_> {
             Step::Promote { id, index } => {
                 match async { self.client()?.promote_member(*id).await }.await {
                     Ok(_) => {
-                        self.event(
+                        self.member_event(
+                            Some(*index),
                             "MemberPromoted",
                             "PromoteMember",
                             format!("promoted {} (id {id:x}) to a voting member", name(*index)),
@@ -771,7 +781,8 @@ impl Act<'_> {
                                 format!("removed member {id:x}, which belongs to no member slot"),
                             ),
                         };
-                        self.event(reason, "RemoveMember", note).await;
+                        self.member_event(*index, reason, "RemoveMember", note)
+                            .await;
                     }
                     Err(e) => return Ok(self.refused("remove", e).await),
                 }
@@ -779,7 +790,8 @@ impl Act<'_> {
             Step::DeletePod { index } => self.delete_pod(*index).await?,
             Step::RollMember { index } => {
                 self.delete_pod(*index).await?;
-                self.event(
+                self.member_event(
+                    Some(*index),
                     "MemberRestarting",
                     "RollMember",
                     format!(
@@ -873,6 +885,28 @@ impl Act<'_> {
     async fn event(&self, reason: &str, action: &str, note: String) {
         self.ctx_event(EventType::Normal, reason, action, note)
             .await;
+    }
+
+    /// An Event about member `index` (its Pod is the related object), so
+    /// the same change to different members is not folded into one series.
+    async fn member_event(&self, index: Option<usize>, reason: &str, action: &str, note: String) {
+        let related = index.map(|i| ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(self.names.namespace.clone()),
+            name: Some(self.names.etcd_member(i)),
+            ..Default::default()
+        });
+        crate::controller::publish_related(
+            self.ctx,
+            self.cluster,
+            EventType::Normal,
+            reason,
+            action,
+            note,
+            related,
+        )
+        .await;
     }
 
     async fn ctx_event(&self, type_: EventType, reason: &str, action: &str, note: String) {
