@@ -89,7 +89,12 @@ pub async fn start_operator_pod(client: &Client, ns: &str, node: &str) {
 /// Run the operator's binary as Pod `operator` watching `ns`, with `extra`
 /// flags.
 pub async fn start_operator_pod_with(client: &Client, ns: &str, node: &str, extra: &[String]) {
-    let mut args = vec![format!("--namespace={ns}"), "--log-level=info".to_string()];
+    // The operator's own decisions at debug: its log is what explains a
+    // failed test.
+    let mut args = vec![
+        format!("--namespace={ns}"),
+        "--log-level=info,kube_on_kube_operator=debug".to_string(),
+    ];
     args.extend_from_slice(extra);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "operator"},
@@ -153,11 +158,25 @@ pub async fn wait_cluster(
     timeout: Duration,
     check: impl Fn(&Cluster) -> bool,
 ) -> Cluster {
-    wait_for(what, timeout, async || {
-        let c = clusters.get(name).await.ok()?;
-        check(&c).then_some(c)
-    })
-    .await
+    let deadline = std::time::Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        if let Ok(c) = clusters.get(name).await {
+            if check(&c) {
+                return c;
+            }
+            last = Some(c);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}; the Cluster's last status: {}",
+            last.as_ref()
+                .and_then(|c| c.status.as_ref())
+                .map(|s| serde_json::to_string_pretty(s).unwrap_or_default())
+                .unwrap_or_else(|| "none".into())
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The admin kubeconfig Secret's content.
