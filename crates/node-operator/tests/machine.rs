@@ -7,9 +7,10 @@
 //!
 //! One operator works on the whole cluster, so the scenarios run in sequence
 //! in one test: provision three Machines (the operator killed halfway and
-//! restarted), a stopped kubelet repaired, a checksum mismatch refused, a
-//! host-key mismatch refused, a host cut off mid-install converging, and a
-//! Machine deleted.
+//! restarted), a stopped kubelet repaired, a problem condition (as
+//! node-problem-detector reports it) remediated within the cool-down and the
+//! cluster-wide cap, a checksum mismatch refused, a host-key mismatch refused,
+//! a host cut off mid-install converging, and a Machine deleted.
 
 mod support;
 
@@ -26,6 +27,38 @@ use kube_on_kube_api::{Machine, PackageVersion};
 use serde_json::json;
 
 use support::*;
+
+/// The disk-pressure remedy of this test: records its start and end time on
+/// the host, two seconds apart, so overlapping remediations would show (`;`
+/// separates remediations in the flag, so the command chains with `&&`).
+const REMEDY: &str =
+    "date +%s.%N >> /root/remedy-runs && sleep 2 && date +%s.%N >> /root/remedy-runs";
+
+/// Start and end times of every run of [`REMEDY`] on `host`.
+fn remedy_runs(host: &kok_testenv::hosts::TestHost) -> Vec<f64> {
+    on(host, "cat /root/remedy-runs 2>/dev/null")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Sets a Node condition as node-problem-detector does: a strategic merge of
+/// the status conditions, which are keyed by type.
+async fn set_node_condition(nodes: &Api<Node>, node: &str, type_: &str, status: &str) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let patch = json!({"status": {"conditions": [{
+        "type": type_,
+        "status": status,
+        "reason": "NodeProblemDetectorTest",
+        "message": format!("{type_} set by the test"),
+        "lastHeartbeatTime": now.to_string(),
+        "lastTransitionTime": now.to_string(),
+    }]}});
+    nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("setting {type_}={status} on Node {node}: {e}"));
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_join_are_repaired_and_leave() {
@@ -334,9 +367,15 @@ async fn machines_join_are_repaired_and_leave() {
     let sessions: Vec<usize> = three.iter().map(ssh_sessions).collect();
 
     // With a short interval the periodic checks do open sessions (and
-    // still download nothing).
+    // still download nothing). From here on the operator also remedies disk
+    // pressure with a command that records when it ran, one Machine at a
+    // time, at most once an hour per Machine.
     drop(operator);
-    let mut operator = h.operator();
+    let mut operator = h.operator_with(&[
+        &format!("--remediation=DiskPressure=command:{REMEDY}"),
+        "--remediation-cooldown=1h",
+        "--max-concurrent-remediations=1",
+    ]);
     wait_for(
         "a periodic check of every host",
         Duration::from_secs(60),
@@ -371,6 +410,60 @@ async fn machines_join_are_repaired_and_leave() {
         );
     }
     eprintln!("phase 1 done at {:?}", started.elapsed());
+
+    // Disk pressure reported on two Nodes at once, as node-problem-detector
+    // (or the kubelet) sets it: each Machine gets the configured remedy, one
+    // at a time across the cluster, and only once within the cool-down
+    // although the condition stays True.
+    let t = Instant::now();
+    for host in &three[..2] {
+        set_node_condition(&nodes, host.name(), "DiskPressure", "True").await;
+    }
+    let runs = wait_for(
+        "both Machines remedied",
+        Duration::from_secs(90),
+        async || {
+            let runs: Vec<Vec<f64>> = three[..2].iter().map(remedy_runs).collect();
+            (runs.iter().all(|r| r.len() == 2)
+                && has_event(&client, three[0].name(), "Remediated").await
+                && has_event(&client, three[1].name(), "Remediated").await)
+                .then_some(runs)
+        },
+    )
+    .await;
+    eprintln!(
+        "disk pressure remedied on two Machines in {:?}",
+        t.elapsed()
+    );
+    let (a, b) = ((runs[0][0], runs[0][1]), (runs[1][0], runs[1][1]));
+    assert!(
+        a.1 <= b.0 || b.1 <= a.0,
+        "two remediations ran at once: {a:?} and {b:?}"
+    );
+    // A periodic check of both later, the condition still True: no second run.
+    let sessions: Vec<usize> = three[..2].iter().map(ssh_sessions).collect();
+    wait_for(
+        "a periodic check after the remediations",
+        Duration::from_secs(60),
+        async || {
+            three[..2]
+                .iter()
+                .zip(&sessions)
+                .all(|(host, before)| ssh_sessions(host) > *before)
+                .then_some(())
+        },
+    )
+    .await;
+    for host in &three[..2] {
+        assert_eq!(
+            remedy_runs(host).len(),
+            2,
+            "{}: remedied again within the cool-down",
+            host.name()
+        );
+        set_node_condition(&nodes, host.name(), "DiskPressure", "False").await;
+        wait_ready(&machines, host.name(), Duration::from_secs(60)).await;
+    }
 
     // A stopped kubelet is restarted by the periodic check.
     let h0 = &three[0];
