@@ -65,6 +65,13 @@ pub fn render(
             if endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                 continue;
             }
+            // A terminating Pod takes no new connections, and its address is
+            // gone as soon as it stops: a name still pointing there would
+            // send dials into a void until the Pod object is deleted (kube-proxy
+            // does not route new connections to it either).
+            if endpoint.conditions.as_ref().and_then(|c| c.terminating) == Some(true) {
+                continue;
+            }
             for address in &endpoint.addresses {
                 for name in &service_names {
                     add(address, name.clone());
@@ -165,5 +172,24 @@ mod tests {
         assert!(line("10.9.0.4").contains("other.b.svc"), "{file}");
         assert!(line("10.9.0.1").contains("kubernetes.default.svc"));
         assert!(line("10.9.0.5").contains("api-0"));
+    }
+
+    #[test]
+    fn terminating_endpoints_do_not_resolve() {
+        let pod = ForPod {
+            namespace: "a",
+            hostname: "api-0",
+            ip: "10.9.0.5",
+        };
+        // As the controller publishes a Service with publishNotReadyAddresses:
+        // the stopping Pod is still marked ready, and terminating.
+        let mut s = slice("a", "etcd-0", &[("10.9.0.2", true, Some("etcd-0"))]);
+        s.endpoints[0].conditions = Some(EndpointConditions {
+            ready: Some(true),
+            serving: Some(true),
+            terminating: Some(true),
+        });
+        let file = render(&pod, "cluster.local", &[s], &[]);
+        assert!(!file.contains("10.9.0.2"), "{file}");
     }
 }
