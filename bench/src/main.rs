@@ -1,5 +1,6 @@
 //! `kok-bench`: the benchmarks of `bench/README.md`, one subcommand each.
 
+mod canary;
 mod controlplane;
 mod fleet;
 mod measure;
@@ -26,6 +27,10 @@ enum Command {
     /// Apply 10, 100, 300 Clusters at once to a meta-cluster with simulated
     /// Pods and measure time to converged, operator CPU and memory.
     Fleet(fleet::Args),
+    /// Upgrade N hosts' kubelet at maxUnavailable with node-operator and with
+    /// an Ansible rolling upgrade: Machines per minute, and the time from a
+    /// bad version's first failed health check to the halt.
+    Canary(canary::Args),
     /// Create and delete Minimal and Production Clusters whose Pods run as
     /// real processes; time to a working business API and to deletion.
     Controlplane(controlplane::Args),
@@ -41,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Provision(args) => provision::run(args).await,
         Command::Fleet(args) => fleet::run(args).await,
+        Command::Canary(args) => canary::run(args).await,
         Command::Controlplane(args) => controlplane::run(args).await,
         Command::Steady(args) => steady::run(args).await,
     }

@@ -16,6 +16,8 @@ use kube_on_kube_api::package::{
 
 /// One package as both tools see it.
 pub struct Package {
+    /// Its PackageVersion's name, `<package>-<version>`.
+    pub name: String,
     /// What node-operator installs.
     pub spec: PackageVersionSpec,
     /// The same, as the playbook's variables.
@@ -54,8 +56,27 @@ const SHAPES: [Shape; 3] = [
 pub fn build(hosts: &TestHosts, version: &str, payload_mib: usize) -> Result<Vec<Package>> {
     SHAPES
         .iter()
-        .map(|shape| build_one(hosts, shape, version, payload_mib))
+        .map(|shape| build_one(hosts, shape, version, payload_mib, false))
         .collect()
+}
+
+/// Where a broken package's health check records each time it failed.
+pub const HEALTH_FAILURES: &str = "/root/health-failures";
+
+/// Builds one more version of the kubelet package. A `broken` one installs
+/// and starts like any other, but its health check fails, and records when
+/// it did in [`HEALTH_FAILURES`] on the host (both tools run the same check).
+pub fn build_kubelet(
+    hosts: &TestHosts,
+    version: &str,
+    payload_mib: usize,
+    broken: bool,
+) -> Result<Package> {
+    let shape = SHAPES
+        .iter()
+        .find(|s| s.name == "kubelet")
+        .context("no kubelet package shape")?;
+    build_one(hosts, shape, version, payload_mib, broken)
 }
 
 fn build_one(
@@ -63,13 +84,19 @@ fn build_one(
     shape: &Shape,
     version: &str,
     payload_mib: usize,
+    broken: bool,
 ) -> Result<Package> {
     let work = tempfile::tempdir()?;
     let bin = work.path().join("bin");
     std::fs::create_dir_all(&bin)?;
     for name in shape.binaries {
+        let version_answer = if broken {
+            format!("date +%s.%N >> {HEALTH_FAILURES}; exit 1")
+        } else {
+            format!("echo {name} {version}; exit 0")
+        };
         let script = format!(
-            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo {name} {version}; exit 0; fi\nexec sleep 1000000\n"
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then {version_answer}; fi\nexec sleep 1000000\n"
         );
         let path = bin.join(name);
         std::fs::write(&path, script)?;
@@ -82,6 +109,7 @@ fn build_one(
         .arg("/dev/urandom")
         .stdout(std::fs::File::create(work.path().join("payload"))?))?;
     let file = format!("{}-{version}.tar.gz", shape.name);
+    let name_of_version = format!("{}-{version}", shape.name);
     let archive = hosts.artifacts_dir().join(&file);
     run(Command::new("tar")
         .arg("-czf")
@@ -151,7 +179,11 @@ fn build_one(
         "unit": unit,
         "health": health.join(" "),
     });
-    Ok(Package { spec, ansible })
+    Ok(Package {
+        name: name_of_version,
+        spec,
+        ansible,
+    })
 }
 
 /// The template values node-operator fills for a host.

@@ -143,6 +143,46 @@ fn ansible(
     parallel: usize,
     playbook_bin: &Path,
 ) -> Result<Cost> {
+    let vars = serde_json::json!({
+        "packages": packages.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()
+    });
+    let run = playbook(hosts, "provision.yml", &vars, parallel, playbook_bin)?;
+    run.succeeded()?;
+    Ok(run.cost)
+}
+
+/// One `ansible-playbook` run: what it cost, and how it ended.
+pub struct PlaybookRun {
+    pub cost: Cost,
+    pub output: std::process::Output,
+}
+
+impl PlaybookRun {
+    /// An error with the end of its output unless every host succeeded.
+    pub fn succeeded(&self) -> Result<()> {
+        if !self.output.status.success() {
+            let stdout = String::from_utf8_lossy(&self.output.stdout);
+            let tail: Vec<&str> = stdout.lines().rev().take(30).collect();
+            bail!(
+                "ansible-playbook failed ({}):\n{}\n{}",
+                self.output.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                String::from_utf8_lossy(&self.output.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Runs `bench/ansible/<name>` on every host with `vars`, `parallel` forks,
+/// and Ansible's fastest settings.
+pub fn playbook(
+    hosts: &TestHosts,
+    name: &str,
+    vars: &serde_json::Value,
+    parallel: usize,
+    playbook_bin: &Path,
+) -> Result<PlaybookRun> {
     let work = tempfile::tempdir()?;
     let mut inventory = String::from("[all]\n");
     for host in hosts.hosts() {
@@ -160,12 +200,11 @@ fn ansible(
     ));
     let inventory_path = work.path().join("inventory.ini");
     std::fs::write(&inventory_path, inventory)?;
-    let vars = serde_json::json!({
-        "packages": packages.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()
-    });
     let vars_path = work.path().join("vars.json");
-    std::fs::write(&vars_path, serde_json::to_vec(&vars)?)?;
-    let playbook = Path::new(env!("CARGO_MANIFEST_DIR")).join("ansible/provision.yml");
+    std::fs::write(&vars_path, serde_json::to_vec(vars)?)?;
+    let playbook = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("ansible")
+        .join(name);
     let meter = Meter::start();
     let output = Command::new(playbook_bin)
         .arg("-i")
@@ -184,22 +223,14 @@ fn ansible(
         .env("ANSIBLE_NOCOLOR", "1")
         .output()
         .with_context(|| format!("run {}", playbook_bin.display()))?;
-    let cost = meter.stop();
-    if !output.status.success() {
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let tail: Vec<&str> = stdout.lines().rev().take(30).collect();
-        bail!(
-            "ansible-playbook failed ({}):\n{}\n{}",
-            output.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(cost)
+    Ok(PlaybookRun {
+        cost: meter.stop(),
+        output,
+    })
 }
 
 /// `ansible-playbook` from the virtualenv `bench/setup-ansible.sh` makes.
-fn default_playbook() -> Result<PathBuf> {
+pub fn default_playbook() -> Result<PathBuf> {
     let output = Command::new("bash")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("setup-ansible.sh"))
         .output()

@@ -237,7 +237,7 @@ async fn apply_packages(client: &Client) -> Result<Vec<(String, InstalledPackage
         .collect()
 }
 
-async fn create_nodes(client: &Client, names: &[String]) -> Result<()> {
+pub(crate) async fn create_nodes(client: &Client, names: &[String]) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let params = PatchParams::apply(MANAGER).force();
     futures::stream::iter(names)
@@ -257,7 +257,7 @@ async fn create_nodes(client: &Client, names: &[String]) -> Result<()> {
     Ok(())
 }
 
-async fn wait_nodes_ready(client: &Client, n: usize, timeout: Duration) -> Result<()> {
+pub(crate) async fn wait_nodes_ready(client: &Client, n: usize, timeout: Duration) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let started = Instant::now();
     loop {

@@ -1,0 +1,569 @@
+//! Benchmark 4: upgrade throughput and how fast a bad version is stopped, on
+//! the same number of SSH test hosts with node-operator and with an Ansible
+//! rolling upgrade (`bench/ansible/upgrade.yml`, `serial` as kubespray rolls
+//! nodes).
+//!
+//! node-operator runs as its own process against a business cluster (real
+//! kube-apiserver and etcd; kwok keeps one Ready Node per host, as a kubelet
+//! would). Its Machines are first provisioned through the Machine controller,
+//! then:
+//! - the ClusterPackageVersion's kubelet moves to a new version with
+//!   `maxUnavailable`: Machines upgraded per minute, and the most Machines
+//!   seen unavailable at once;
+//! - a CanaryRelease (failure budget 0) rolls a kubelet whose health check
+//!   fails: time from the first failed health check on any host to the
+//!   release being Halted.
+//!
+//! Ansible does the same on fresh hosts: the install of provision.yml, then
+//! upgrade.yml with `serial` equal to `maxUnavailable`, then the broken
+//! version with `max_fail_percentage: 0` (time from the first failed health
+//! check to the play ending). Both tools run the same health check, which
+//! records on the host when it failed, so both clocks start alike.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kok_testenv::hosts::{HostsOptions, TestHosts};
+use kok_testenv::kube_env::{KubeEnv, Options};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube_on_kube_api::canary::CanaryPhase;
+use kube_on_kube_api::machine::MachinePhase;
+use kube_on_kube_api::{CanaryRelease, ClusterPackageVersion, Machine, PackageVersion};
+use serde_json::json;
+
+use crate::packages::{self, HEALTH_FAILURES, Package};
+use crate::provision::{default_playbook, playbook};
+
+const MANAGER: &str = "kok-bench";
+const SSH_KEY_SECRET: &str = "node-ssh-key";
+
+/// Flags of `kok-bench canary`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Number of SSH test hosts (at most 253).
+    #[arg(long, default_value_t = 200)]
+    pub hosts: usize,
+    /// Machines upgraded at once: the ClusterPackageVersion's
+    /// `maxUnavailable`, the CanaryRelease's first batch and Ansible's
+    /// `serial`.
+    #[arg(long, default_value = "10%")]
+    pub max_unavailable: String,
+    /// Hosts worked on at once while provisioning: node-operator's SSH
+    /// concurrency and Ansible's `--forks`.
+    #[arg(long, default_value_t = 50)]
+    pub parallel: usize,
+    /// Size of each artifact's payload in MiB.
+    #[arg(long, default_value_t = 1)]
+    pub payload_mib: usize,
+    /// Give up on any one phase after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one).
+    #[arg(long, env = "ANSIBLE_PLAYBOOK")]
+    pub ansible_playbook: Option<PathBuf>,
+    /// Append the results table to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// What one tool did.
+#[derive(Debug, Default)]
+struct Sample {
+    provision_s: f64,
+    upgrade_s: f64,
+    most_unavailable: usize,
+    halt_s: f64,
+    upgraded_before_halt: usize,
+}
+
+/// Runs the benchmark and prints (and optionally appends) the table.
+pub async fn run(args: Args) -> Result<()> {
+    let playbook_bin = match &args.ansible_playbook {
+        Some(p) => p.clone(),
+        None => default_playbook()?,
+    };
+    let ours = node_operator(&args).await?;
+    eprintln!("node-operator: {ours:?}");
+    let theirs = ansible(&args, &playbook_bin)?;
+    eprintln!("ansible: {theirs:?}");
+    let table = table(&args, &ours, &theirs);
+    println!("{table}");
+    crate::append(args.out.as_deref(), &table)
+}
+
+fn hosts(count: usize) -> Result<TestHosts> {
+    Ok(TestHosts::start_with(HostsOptions {
+        count,
+        extra_private_dirs: vec!["/root".into(), "/etc/sysctl.d".into()],
+    })?)
+}
+
+/// Seconds since the epoch of the first failed health check on any host.
+fn first_failure(hosts: &TestHosts) -> Option<f64> {
+    hosts
+        .hosts()
+        .iter()
+        .filter_map(|h| {
+            let out = h.ssh(&format!("head -n 1 {HEALTH_FAILURES} 2>/dev/null"));
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .reduce(f64::min)
+}
+
+fn now_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// How many hosts `max_unavailable` (a count or a percentage) stands for.
+fn batch_size(max_unavailable: &str, hosts: usize) -> usize {
+    match max_unavailable.strip_suffix('%') {
+        Some(p) => (p.trim().parse::<usize>().unwrap_or(10) * hosts).div_ceil(100),
+        None => max_unavailable.trim().parse().unwrap_or(1),
+    }
+    .clamp(1, hosts.max(1))
+}
+
+async fn node_operator(args: &Args) -> Result<Sample> {
+    let binary = crate::fleet::sibling("node-operator")?;
+    let env = KubeEnv::start(Options {
+        controller_manager: false,
+        scheduler: false,
+        kwok_nodes: 1,
+        install_crds: true,
+    })
+    .context("start the business cluster")?;
+    let client = env.client().await;
+    let hosts = hosts(args.hosts)?;
+    let v1 = packages::build(&hosts, "1.0.0", args.payload_mib)?;
+    let v2 = packages::build_kubelet(&hosts, "2.0.0", args.payload_mib, false)?;
+    let broken = packages::build_kubelet(&hosts, "3.0.0", args.payload_mib, true)?;
+    for p in v1.iter().chain([&v2, &broken]) {
+        apply_package_version(&client, p).await?;
+    }
+    let defaults: BTreeMap<String, String> = v1
+        .iter()
+        .map(|p| (p.spec.package.clone(), p.name.clone()))
+        .collect();
+    apply_cluster_defaults(&client, &defaults, &args.max_unavailable).await?;
+    cluster_info(&client, &env).await?;
+    ssh_key(&client, &hosts).await?;
+    let names: Vec<String> = hosts.hosts().iter().map(|h| h.name().to_string()).collect();
+    crate::steady::create_nodes(&client, &names).await?;
+    crate::steady::wait_nodes_ready(&client, names.len(), Duration::from_secs(args.timeout))
+        .await?;
+
+    let log = env.log_dir().join("node-operator.log");
+    let mut child = Command::new(&binary)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .arg(format!("--ssh-concurrency={}", args.parallel))
+        .arg(format!("--concurrency={}", args.parallel.max(32)))
+        .args([
+            "--http-address=127.0.0.1:0",
+            // Only the changes being measured open sessions.
+            "--recheck-interval=1h",
+            "--node-wait=60s",
+            "--cluster-dns=10.0.0.10",
+            "--log-level=info,node_operator=debug",
+        ])
+        .stdout(Stdio::from(std::fs::File::create(&log)?))
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("start {}", binary.display()))?;
+    let result = drive(args, &client, &hosts, &defaults, &v2, &broken, &mut child).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result.with_context(|| format!("node-operator log: {}", log.display()))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    args: &Args,
+    client: &Client,
+    hosts: &TestHosts,
+    defaults: &BTreeMap<String, String>,
+    v2: &Package,
+    broken: &Package,
+    child: &mut Child,
+) -> Result<Sample> {
+    let machines: Api<Machine> = Api::all(client.clone());
+    let timeout = Duration::from_secs(args.timeout);
+    let params = PatchParams::apply(MANAGER).force();
+    let mut sample = Sample::default();
+
+    // Provisioning through the Machine controller.
+    let t = Instant::now();
+    for host in hosts.hosts() {
+        let machine = json!({
+            "apiVersion": "kubeonkube.io/v1alpha1",
+            "kind": "Machine",
+            "metadata": {"name": host.name(), "labels": {"pool": "bench"}},
+            "spec": {
+                "ip": host.ip().to_string(),
+                "ssh": {
+                    "user": "root",
+                    "port": host.port(),
+                    "privateKeySecretRef": {"name": SSH_KEY_SECRET, "namespace": "kube-system"},
+                    "hostPublicKey": host.host_public_key(),
+                },
+            },
+        });
+        machines
+            .patch(host.name(), &params, &Patch::Apply(&machine))
+            .await
+            .with_context(|| format!("create Machine {}", host.name()))?;
+    }
+    let kubelet_v1 = defaults.get("kubelet").context("no default kubelet")?;
+    wait_machines(&machines, child, kubelet_v1, timeout, &mut 0).await?;
+    sample.provision_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "node-operator: {} Machines provisioned in {:.1}s",
+        args.hosts, sample.provision_s
+    );
+
+    // The cluster default moves to the next kubelet.
+    let t = Instant::now();
+    let mut upgraded = defaults.clone();
+    upgraded.insert("kubelet".into(), v2.name.clone());
+    apply_cluster_defaults(client, &upgraded, &args.max_unavailable).await?;
+    wait_machines(
+        &machines,
+        child,
+        &v2.name,
+        timeout,
+        &mut sample.most_unavailable,
+    )
+    .await?;
+    sample.upgrade_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "node-operator: upgraded in {:.1}s, at most {} unavailable at once",
+        sample.upgrade_s, sample.most_unavailable
+    );
+
+    // A canary of a kubelet whose health check fails.
+    let release = json!({
+        "apiVersion": "kubeonkube.io/v1alpha1",
+        "kind": "CanaryRelease",
+        "metadata": {"name": "broken-kubelet"},
+        "spec": {
+            "selector": {"matchLabels": {"pool": "bench"}},
+            "packages": {"kubelet": broken.name},
+            "batches": [int_or_percent(&args.max_unavailable), "100%"],
+            "pauseBetweenBatches": "0s",
+            "healthGates": {"nodeReady": true, "packageHealth": true, "timeout": "5m"},
+            "failureBudget": 0,
+            "autoRollback": false,
+        },
+    });
+    let releases: Api<CanaryRelease> = Api::all(client.clone());
+    releases
+        .patch("broken-kubelet", &params, &Patch::Apply(&release))
+        .await
+        .context("create the CanaryRelease")?;
+    let deadline = Instant::now() + timeout;
+    let halted_at = loop {
+        if let Some(status) = releases.get("broken-kubelet").await?.status
+            && status.phase == Some(CanaryPhase::Halted)
+        {
+            break now_s();
+        }
+        if Instant::now() > deadline {
+            bail!("the CanaryRelease did not halt within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let first = first_failure(hosts).context("no host recorded a failed health check")?;
+    sample.halt_s = halted_at - first;
+    sample.upgraded_before_halt = hosts_that_ran(hosts, &broken.spec.version);
+    Ok(sample)
+}
+
+/// Waits until every Machine is Ready with `kubelet` installed and healthy;
+/// counts the most Machines seen not Ready at once into `most_unavailable`.
+async fn wait_machines(
+    machines: &Api<Machine>,
+    child: &mut Child,
+    kubelet: &str,
+    timeout: Duration,
+    most_unavailable: &mut usize,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last_report = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("node-operator exited ({status})");
+        }
+        let list = machines.list(&ListParams::default()).await?.items;
+        let ready = |m: &Machine| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.phase == Some(MachinePhase::Ready))
+        };
+        let unavailable: Vec<String> = list
+            .iter()
+            .filter(|m| !ready(m))
+            .map(|m| {
+                let phase = m.status.as_ref().and_then(|s| s.phase);
+                format!(
+                    "{}={phase:?}",
+                    m.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+            .collect();
+        if unavailable.len() > *most_unavailable {
+            *most_unavailable = unavailable.len();
+            eprintln!(
+                "  {} unavailable at once: {}",
+                unavailable.len(),
+                unavailable.join(" ")
+            );
+        }
+        let done = list
+            .iter()
+            .filter(|m| {
+                ready(m)
+                    && m.status.as_ref().is_some_and(|s| {
+                        s.installed
+                            .get("kubelet")
+                            .is_some_and(|i| i.package_version == kubelet && i.healthy)
+                    })
+            })
+            .count();
+        if done == list.len() && !list.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{done} of {} Machines at {kubelet} after {timeout:?}",
+                list.len()
+            );
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            eprintln!("  {done}/{} Machines at {kubelet}", list.len());
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Hosts whose kubelet `current` points at `version`.
+fn hosts_that_ran(hosts: &TestHosts, version: &str) -> usize {
+    hosts
+        .hosts()
+        .iter()
+        .filter(|h| {
+            let out = h.ssh("readlink /opt/kube-on-kube/packages/kubelet/current");
+            String::from_utf8_lossy(&out.stdout).trim() == version
+        })
+        .count()
+}
+
+async fn apply_package_version(client: &Client, p: &Package) -> Result<()> {
+    let pv = PackageVersion::new(&p.name, p.spec.clone());
+    Api::<PackageVersion>::all(client.clone())
+        .patch(
+            &p.name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&pv),
+        )
+        .await
+        .with_context(|| format!("apply PackageVersion {}", p.name))?;
+    Ok(())
+}
+
+/// A count as a number, a percentage as a string, as int-or-string fields
+/// want them.
+fn int_or_percent(text: &str) -> serde_json::Value {
+    match text.trim().parse::<i64>() {
+        Ok(n) => n.into(),
+        Err(_) => text.trim().into(),
+    }
+}
+
+async fn apply_cluster_defaults(
+    client: &Client,
+    packages: &BTreeMap<String, String>,
+    max_unavailable: &str,
+) -> Result<()> {
+    let max = int_or_percent(max_unavailable);
+    let cpv = json!({
+        "apiVersion": "kubeonkube.io/v1alpha1",
+        "kind": "ClusterPackageVersion",
+        "metadata": {"name": "default"},
+        "spec": {"packages": packages, "rollout": {"maxUnavailable": max}},
+    });
+    Api::<ClusterPackageVersion>::all(client.clone())
+        .patch(
+            "default",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&cpv),
+        )
+        .await
+        .context("apply the ClusterPackageVersion")?;
+    Ok(())
+}
+
+/// `kube-public/cluster-info`, as the bootstrap add-on publishes it: the
+/// node-operator reads the API address and CA for the kubelet's bootstrap
+/// kubeconfig from it.
+async fn cluster_info(client: &Client, env: &KubeEnv) -> Result<()> {
+    let cluster = env
+        .kubeconfig()
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.clone())
+        .context("the test kubeconfig names no cluster")?;
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "", "cluster": {
+            "server": env.api_url(),
+            "certificate-authority-data": cluster.certificate_authority_data,
+        }}],
+    });
+    let cm = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+        "data": {"kubeconfig": serde_norway::to_string(&kubeconfig)?},
+    });
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-public")
+        .patch(
+            "cluster-info",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&cm),
+        )
+        .await
+        .context("apply cluster-info")?;
+    Ok(())
+}
+
+async fn ssh_key(client: &Client, hosts: &TestHosts) -> Result<()> {
+    let secret = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SSH_KEY_SECRET, "namespace": "kube-system"},
+        "type": "kubernetes.io/ssh-auth",
+        "stringData": {"ssh-privatekey": hosts.client_private_key_pem()},
+    });
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .patch(
+            SSH_KEY_SECRET,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .context("apply the SSH key Secret")?;
+    Ok(())
+}
+
+fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
+    let hosts = hosts(args.hosts)?;
+    let v1 = packages::build(&hosts, "1.0.0", args.payload_mib)?;
+    let v2 = packages::build_kubelet(&hosts, "2.0.0", args.payload_mib, false)?;
+    let broken = packages::build_kubelet(&hosts, "3.0.0", args.payload_mib, true)?;
+    let mut sample = Sample::default();
+
+    let vars = json!({"packages": v1.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()});
+    let run = playbook(&hosts, "provision.yml", &vars, args.parallel, playbook_bin)?;
+    run.succeeded()?;
+    sample.provision_s = run.cost.wall_s;
+    eprintln!(
+        "ansible: {} hosts provisioned in {:.1}s",
+        args.hosts, sample.provision_s
+    );
+
+    let serial = batch_size(&args.max_unavailable, args.hosts);
+    let upgrade = |pkg: &Package, max_fail_percentage: u32| {
+        let vars = json!({
+            "pkg": pkg.ansible,
+            "serial": serial,
+            "max_fail_percentage": max_fail_percentage,
+        });
+        playbook(
+            &hosts,
+            "upgrade.yml",
+            &vars,
+            args.parallel.max(serial),
+            playbook_bin,
+        )
+    };
+    let run = upgrade(&v2, 100)?;
+    run.succeeded()?;
+    sample.upgrade_s = run.cost.wall_s;
+    sample.most_unavailable = serial;
+    let on_v2 = hosts_that_ran(&hosts, &v2.spec.version);
+    if on_v2 != args.hosts {
+        bail!("ansible upgraded {on_v2} of {} hosts", args.hosts);
+    }
+    eprintln!("ansible: upgraded in {:.1}s", sample.upgrade_s);
+
+    let run = upgrade(&broken, 0)?;
+    let ended = now_s();
+    if run.output.status.success() {
+        bail!("the play of a kubelet whose health check fails succeeded");
+    }
+    let first = first_failure(&hosts).context("no host recorded a failed health check")?;
+    sample.halt_s = ended - first;
+    sample.upgraded_before_halt = hosts_that_ran(&hosts, &broken.spec.version);
+    Ok(sample)
+}
+
+fn table(args: &Args, ours: &Sample, theirs: &Sample) -> String {
+    let per_min = |s: &Sample| args.hosts as f64 / (s.upgrade_s / 60.0);
+    let mut out = format!(
+        "\n### Upgrade throughput and halting a bad version: {} hosts, maxUnavailable {} ({} hosts), 1 run\n\n\
+         | tool | provision s | upgrade s | Machines/min | most unavailable | first failure → halt s | hosts switched to the bad version |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+        args.hosts,
+        args.max_unavailable,
+        batch_size(&args.max_unavailable, args.hosts)
+    );
+    for (label, s) in [("node-operator", ours), ("ansible-playbook", theirs)] {
+        out.push_str(&format!(
+            "| {label} | {:.1} | {:.1} | {:.0} | {} | {:.1} | {} |\n",
+            s.provision_s,
+            s.upgrade_s,
+            per_min(s),
+            s.most_unavailable,
+            s.halt_s,
+            s.upgraded_before_halt
+        ));
+    }
+    out.push_str(&format!(
+        "| **ratio ansible / node-operator** | | **{:.1}×** | | | **{:.1}×** | |\n",
+        theirs.upgrade_s / ours.upgrade_s,
+        theirs.halt_s / ours.halt_s
+    ));
+    out.push_str(
+        "\nnode-operator provisions through its Machine controller (bootstrap token, Node \
+         registration); Ansible's provision is the bare install. `most unavailable` for Ansible \
+         is its `serial`.\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::batch_size;
+
+    #[test]
+    fn batch_sizes_round_up_and_stay_in_range() {
+        assert_eq!(batch_size("10%", 200), 20);
+        assert_eq!(batch_size("10%", 15), 2);
+        assert_eq!(batch_size("3", 200), 3);
+        assert_eq!(batch_size("0", 200), 1);
+        assert_eq!(batch_size("500", 20), 20);
+    }
+}
