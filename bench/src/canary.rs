@@ -225,7 +225,7 @@ async fn drive(
             .with_context(|| format!("create Machine {}", host.name()))?;
     }
     let kubelet_v1 = defaults.get("kubelet").context("no default kubelet")?;
-    wait_machines(&machines, child, kubelet_v1, timeout, &mut 0).await?;
+    wait_machines(&machines, child, kubelet_v1, timeout, None).await?;
     sample.provision_s = t.elapsed().as_secs_f64();
     eprintln!(
         "node-operator: {} Machines provisioned in {:.1}s",
@@ -242,7 +242,7 @@ async fn drive(
         child,
         &v2.name,
         timeout,
-        &mut sample.most_unavailable,
+        Some(&mut sample.most_unavailable),
     )
     .await?;
     sample.upgrade_s = t.elapsed().as_secs_f64();
@@ -290,13 +290,14 @@ async fn drive(
 }
 
 /// Waits until every Machine is Ready with `kubelet` installed and healthy;
-/// counts the most Machines seen not Ready at once into `most_unavailable`.
+/// counts the most Machines seen not Ready at once into `most_unavailable`
+/// (and says which they were) when given.
 async fn wait_machines(
     machines: &Api<Machine>,
     child: &mut Child,
     kubelet: &str,
     timeout: Duration,
-    most_unavailable: &mut usize,
+    mut most_unavailable: Option<&mut usize>,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last_report = Instant::now();
@@ -321,8 +322,10 @@ async fn wait_machines(
                 )
             })
             .collect();
-        if unavailable.len() > *most_unavailable {
-            *most_unavailable = unavailable.len();
+        if let Some(most) = most_unavailable.as_deref_mut()
+            && unavailable.len() > *most
+        {
+            *most = unavailable.len();
             eprintln!(
                 "  {} unavailable at once: {}",
                 unavailable.len(),
