@@ -28,7 +28,7 @@ use serde_json::json;
 
 use support::*;
 
-/// The disk-pressure remedy of this test: records its start and end time on
+/// The kernel-deadlock remedy of this test: records its start and end time on
 /// the host, two seconds apart, so overlapping remediations would show (`;`
 /// separates remediations in the flag, so the command chains with `&&`).
 const REMEDY: &str =
@@ -367,12 +367,14 @@ async fn machines_join_are_repaired_and_leave() {
     let sessions: Vec<usize> = three.iter().map(ssh_sessions).collect();
 
     // With a short interval the periodic checks do open sessions (and
-    // still download nothing). From here on the operator also remedies disk
-    // pressure with a command that records when it ran, one Machine at a
-    // time, at most once an hour per Machine.
+    // still download nothing). From here on the operator also remedies a
+    // kernel deadlock (a condition node-problem-detector reports; the kubelet
+    // owns and rewrites its own pressure conditions) with a command that
+    // records when it ran, one Machine at a time, at most once an hour per
+    // Machine.
     drop(operator);
     let mut operator = h.operator_with(&[
-        &format!("--remediation=DiskPressure=command:{REMEDY}"),
+        &format!("--remediation=KernelDeadlock=command:{REMEDY}"),
         "--remediation-cooldown=1h",
         "--max-concurrent-remediations=1",
     ]);
@@ -411,13 +413,13 @@ async fn machines_join_are_repaired_and_leave() {
     }
     eprintln!("phase 1 done at {:?}", started.elapsed());
 
-    // Disk pressure reported on two Nodes at once, as node-problem-detector
-    // (or the kubelet) sets it: each Machine gets the configured remedy, one
-    // at a time across the cluster, and only once within the cool-down
-    // although the condition stays True.
+    // A kernel deadlock reported on two Nodes at once, as node-problem-detector
+    // sets it: each Machine gets the configured remedy, one at a time across
+    // the cluster, and only once within the cool-down although the condition
+    // stays True.
     let t = Instant::now();
     for host in &three[..2] {
-        set_node_condition(&nodes, host.name(), "DiskPressure", "True").await;
+        set_node_condition(&nodes, host.name(), "KernelDeadlock", "True").await;
     }
     let runs = wait_for(
         "both Machines remedied",
@@ -432,7 +434,7 @@ async fn machines_join_are_repaired_and_leave() {
     )
     .await;
     eprintln!(
-        "disk pressure remedied on two Machines in {:?}",
+        "kernel deadlock remedied on two Machines in {:?}",
         t.elapsed()
     );
     let (a, b) = ((runs[0][0], runs[0][1]), (runs[1][0], runs[1][1]));
@@ -461,7 +463,7 @@ async fn machines_join_are_repaired_and_leave() {
             "{}: remedied again within the cool-down",
             host.name()
         );
-        set_node_condition(&nodes, host.name(), "DiskPressure", "False").await;
+        set_node_condition(&nodes, host.name(), "KernelDeadlock", "False").await;
         wait_ready(&machines, host.name(), Duration::from_secs(60)).await;
     }
 
