@@ -60,8 +60,10 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
             }
         })
         .collect();
-    let etcd_version = "3.6.16";
-    let etcd_image = format!("registry.k8s.io/etcd:{etcd_version}-0");
+    // Images and versions as the operator picks them with its default flags.
+    let config = crate::controller::Config::default();
+    let etcd_version = crate::etcd::desired_version(cluster, &config);
+    let etcd_image = crate::etcd::desired_image(cluster, &config);
     let mut etcd_pods = Vec::new();
     let mut etcd_services: Vec<Service> = Vec::new();
     let mut claims = Vec::new();
@@ -73,7 +75,7 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
                 index,
                 initial_cluster: &peers,
                 state: ClusterState::New,
-                version: etcd_version,
+                version: &etcd_version,
                 image: &etcd_image,
                 config_hash: "hash",
             },
@@ -82,11 +84,14 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
         claims.extend(etcd::member_claim(cluster, &names, index));
     }
     etcd_services.push(etcd::client_service(cluster, &names));
-    let image = |name: &str| format!("registry.k8s.io/{name}:v{}", cluster.spec.version);
+    let spec = &cluster.spec;
+    let image = |name: &str, component| {
+        crate::rollout::desired_image(&config.registry, name, component, &spec.version)
+    };
     let (apiserver, controller_manager, scheduler) = (
-        image("kube-apiserver"),
-        image("kube-controller-manager"),
-        image("kube-scheduler"),
+        image("kube-apiserver", &spec.api_server.component),
+        image("kube-controller-manager", &spec.controller_manager),
+        image("kube-scheduler", &spec.scheduler),
     );
     let inputs = |image| PodInputs {
         image,
