@@ -175,7 +175,8 @@ async fn node_operator(args: &Args) -> Result<Sample> {
             "--recheck-interval=1h",
             "--node-wait=60s",
             "--cluster-dns=10.0.0.10",
-            "--log-level=info,node_operator=debug",
+            // The level an operator runs at: debug logging would be measured too.
+            "--log-level=info",
         ])
         .stdout(Stdio::from(std::fs::File::create(&log)?))
         .stderr(Stdio::inherit())
@@ -199,7 +200,6 @@ async fn drive(
 ) -> Result<Sample> {
     let machines: Api<Machine> = Api::all(client.clone());
     let timeout = Duration::from_secs(args.timeout);
-    let params = PatchParams::apply(MANAGER).force();
     let mut sample = Sample::default();
 
     // Provisioning through the Machine controller.
@@ -219,10 +219,7 @@ async fn drive(
                 },
             },
         });
-        machines
-            .patch(host.name(), &params, &Patch::Apply(&machine))
-            .await
-            .with_context(|| format!("create Machine {}", host.name()))?;
+        apply(&machines, host.name(), &machine).await?;
     }
     let kubelet_v1 = defaults.get("kubelet").context("no default kubelet")?;
     wait_machines(&machines, child, kubelet_v1, timeout, None).await?;
@@ -267,10 +264,7 @@ async fn drive(
         },
     });
     let releases: Api<CanaryRelease> = Api::all(client.clone());
-    releases
-        .patch("broken-kubelet", &params, &Patch::Apply(&release))
-        .await
-        .context("create the CanaryRelease")?;
+    apply(&releases, "broken-kubelet", &release).await?;
     let deadline = Instant::now() + timeout;
     let halted_at = loop {
         if let Some(status) = releases.get("broken-kubelet").await?.status
@@ -373,15 +367,22 @@ fn hosts_that_ran(hosts: &TestHosts, version: &str) -> usize {
 }
 
 async fn apply_package_version(client: &Client, p: &Package) -> Result<()> {
-    let pv = PackageVersion::new(&p.name, p.spec.clone());
-    Api::<PackageVersion>::all(client.clone())
-        .patch(
-            &p.name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&pv),
-        )
-        .await
-        .with_context(|| format!("apply PackageVersion {}", p.name))?;
+    let pv = serde_json::to_value(PackageVersion::new(&p.name, p.spec.clone()))?;
+    apply(&Api::<PackageVersion>::all(client.clone()), &p.name, &pv).await
+}
+
+/// Server-side apply of `object` (forced, as the benchmark's field manager).
+async fn apply<K>(api: &Api<K>, name: &str, object: &serde_json::Value) -> Result<()>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .with_context(|| format!("apply {} {name}", K::kind(&())))?;
     Ok(())
 }
 
@@ -406,15 +407,12 @@ async fn apply_cluster_defaults(
         "metadata": {"name": "default"},
         "spec": {"packages": packages, "rollout": {"maxUnavailable": max}},
     });
-    Api::<ClusterPackageVersion>::all(client.clone())
-        .patch(
-            "default",
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&cpv),
-        )
-        .await
-        .context("apply the ClusterPackageVersion")?;
-    Ok(())
+    apply(
+        &Api::<ClusterPackageVersion>::all(client.clone()),
+        "default",
+        &cpv,
+    )
+    .await
 }
 
 /// `kube-public/cluster-info`, as the bootstrap add-on publishes it: the
@@ -441,15 +439,12 @@ async fn cluster_info(client: &Client, env: &KubeEnv) -> Result<()> {
         "metadata": {"name": "cluster-info", "namespace": "kube-public"},
         "data": {"kubeconfig": serde_norway::to_string(&kubeconfig)?},
     });
-    Api::<ConfigMap>::namespaced(client.clone(), "kube-public")
-        .patch(
-            "cluster-info",
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&cm),
-        )
-        .await
-        .context("apply cluster-info")?;
-    Ok(())
+    apply(
+        &Api::<ConfigMap>::namespaced(client.clone(), "kube-public"),
+        "cluster-info",
+        &cm,
+    )
+    .await
 }
 
 async fn ssh_key(client: &Client, hosts: &TestHosts) -> Result<()> {
@@ -460,15 +455,12 @@ async fn ssh_key(client: &Client, hosts: &TestHosts) -> Result<()> {
         "type": "kubernetes.io/ssh-auth",
         "stringData": {"ssh-privatekey": hosts.client_private_key_pem()},
     });
-    Api::<Secret>::namespaced(client.clone(), "kube-system")
-        .patch(
-            SSH_KEY_SECRET,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .context("apply the SSH key Secret")?;
-    Ok(())
+    apply(
+        &Api::<Secret>::namespaced(client.clone(), "kube-system"),
+        SSH_KEY_SECRET,
+        &secret,
+    )
+    .await
 }
 
 fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
