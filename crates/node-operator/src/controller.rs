@@ -88,6 +88,9 @@ pub struct Context {
     /// Per Machine, the inputs of the last attempt (`.0`) and of the last
     /// failure that only a change can fix (`.1`).
     attempts: Mutex<HashMap<String, (u64, Option<u64>)>>,
+    /// Per Machine, its resourceVersion as this process last wrote or read it
+    /// from the API server (not the informer).
+    versions: Mutex<HashMap<String, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -112,6 +115,7 @@ impl Context {
             checked: Mutex::default(),
             failures: Mutex::default(),
             attempts: Mutex::default(),
+            versions: Mutex::default(),
         }
     }
 
@@ -137,6 +141,39 @@ impl Context {
         lock(&self.checked).remove(machine);
         lock(&self.failures).remove(machine);
         lock(&self.attempts).remove(machine);
+        lock(&self.versions).remove(machine);
+    }
+
+    /// Records the Machine as the API server returned it after a write.
+    pub fn wrote(&self, machine: &Machine) {
+        if let Some(rv) = machine.resource_version() {
+            lock(&self.versions).insert(machine.name_any(), rv);
+        }
+    }
+
+    /// `machine` as reconciles must see it. The informer's copy lags behind
+    /// this process's own writes: a reconcile queued by one status write may
+    /// start before the watch delivers the next, and would then decide (and
+    /// write status back) from a phase and installed versions that are no
+    /// longer true. When the cached copy is not the version this process
+    /// last wrote, the Machine is read from the API server. `None`: it is
+    /// gone.
+    pub async fn fresh(&self, machine: Arc<Machine>) -> Result<Option<Arc<Machine>>, Error> {
+        let name = machine.name_any();
+        let known = lock(&self.versions).get(&name).cloned();
+        if known.is_none() || known == machine.resource_version() {
+            return Ok(Some(machine));
+        }
+        tracing::debug!(machine = %name, cached = ?machine.resource_version(), ?known, "reading the Machine from the API server: the informer's copy is not the last one written");
+        let Some(current) = Api::<Machine>::all(self.client.clone())
+            .get_opt(&name)
+            .await
+            .map_err(Error::Kube)?
+        else {
+            return Ok(None);
+        };
+        self.wrote(&current);
+        Ok(Some(Arc::new(current)))
     }
 
     /// Records the inputs (a hash) the Machine is about to be worked on with.

@@ -44,11 +44,14 @@ const WAIT_FOR_CHANGE: Duration = Duration::from_secs(600);
 /// Reconciles one Machine.
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = machine.name_any();
+    let Some(machine) = ctx.fresh(machine).await? else {
+        return Ok(Action::await_change());
+    };
     if machine.metadata.deletion_timestamp.is_some() {
         return offboard::offboard(&machine, &ctx).await;
     }
     if !machine.finalizers().iter().any(|f| f == FINALIZER) {
-        add_finalizer(&ctx.client, &machine).await?;
+        add_finalizer(&ctx, &machine).await?;
     }
     let generation = machine.metadata.generation;
     let mut st = machine.status.clone().unwrap_or_default();
@@ -60,14 +63,14 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
     match result {
         Ok(action) => {
             st.observed_generation = generation;
-            status::write(&ctx.client, &machine, &st).await?;
+            status::write(&ctx, &machine, &st).await?;
             ctx.succeeded(&name);
             Ok(action)
         }
         Err(error) => {
             fail(&machine, &ctx, &mut st, &error).await;
             st.observed_generation = generation;
-            if let Err(e) = status::write(&ctx.client, &machine, &st).await {
+            if let Err(e) = status::write(&ctx, &machine, &st).await {
                 tracing::warn!(machine = %name, error = %e, "writing the failed status");
             }
             if error.needs_change() {
@@ -123,14 +126,14 @@ async fn fail(machine: &Machine, ctx: &Context, st: &mut MachineStatus, error: &
     .await;
 }
 
-async fn add_finalizer(client: &Client, machine: &Machine) -> Result<(), Error> {
+async fn add_finalizer(ctx: &Context, machine: &Machine) -> Result<(), Error> {
     let mut finalizers = machine.finalizers().to_vec();
     finalizers.push(FINALIZER.to_string());
     let patch = json!({"metadata": {
         "finalizers": finalizers,
         "resourceVersion": machine.resource_version(),
     }});
-    Api::<Machine>::all(client.clone())
+    let patched = Api::<Machine>::all(ctx.client.clone())
         .patch(
             &machine.name_any(),
             &PatchParams::default(),
@@ -138,6 +141,7 @@ async fn add_finalizer(client: &Client, machine: &Machine) -> Result<(), Error> 
         )
         .await
         .map_err(Error::Kube)?;
+    ctx.wrote(&patched);
     Ok(())
 }
 
@@ -456,7 +460,7 @@ async fn on_host(
             .collect::<Vec<_>>()
             .join(", ");
         status::begin(st, format!("install {step}"));
-        status::write(&ctx.client, machine, st).await?;
+        status::write(ctx, machine, st).await?;
     }
 
     // The kubelet reads its bootstrap kubeconfig when it starts, so it is
@@ -648,7 +652,7 @@ async fn remediate(
     st.phase = Some(MachinePhase::Repairing);
     let step = format!("remediate {}: {}", rule.condition, rule.remedy.describe());
     status::begin(st, step.clone());
-    status::write(&ctx.client, machine, st).await?;
+    status::write(ctx, machine, st).await?;
     let tail = match &rule.remedy {
         Remedy::Restart(unit) => {
             host.restart(unit).await?;

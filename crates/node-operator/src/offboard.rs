@@ -71,7 +71,7 @@ pub async fn offboard(machine: &Machine, ctx: &Context) -> Result<Action, Error>
     if st.phase != Some(MachinePhase::Deleting) {
         st.phase = Some(MachinePhase::Deleting);
         status::begin(&mut st, "offboard");
-        status::write(&ctx.client, machine, &st).await?;
+        status::write(ctx, machine, &st).await?;
     }
     let node_name = plan::node_name(machine);
     let nodes: Api<Node> = Api::all(ctx.client.clone());

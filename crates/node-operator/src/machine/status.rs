@@ -5,14 +5,14 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired};
+use kube::ResourceExt;
 use kube::api::Api;
-use kube::{Client, ResourceExt};
 use kube_on_kube_api::Machine;
 use kube_on_kube_api::machine::{LastOperation, MachinePhase, MachineStatus};
 use kube_on_kube_api::shared::OperationResult;
 
 use crate::Error;
-use crate::controller::MANAGER;
+use crate::controller::{Context, MANAGER};
 
 pub const REACHABLE: &str = "Reachable";
 pub const PACKAGES_INSTALLED: &str = "PackagesInstalled";
@@ -127,17 +127,16 @@ pub fn failed(status: &MachineStatus) -> bool {
     status.phase == Some(MachinePhase::Failed)
 }
 
-/// Writes `status` (server-side apply on the status subresource).
-pub async fn write(
-    client: &Client,
-    machine: &Machine,
-    status: &MachineStatus,
-) -> Result<(), Error> {
+/// Writes `status` (server-side apply on the status subresource) and records
+/// the Machine's new resourceVersion in `ctx`.
+pub async fn write(ctx: &Context, machine: &Machine, status: &MachineStatus) -> Result<(), Error> {
     if machine.status.as_ref() == Some(status) {
         return Ok(());
     }
-    let api: Api<Machine> = Api::all(client.clone());
-    kok_common::apply::apply_status(&api, MANAGER, &machine.name_any(), status).await?;
+    let api: Api<Machine> = Api::all(ctx.client.clone());
+    let written =
+        kok_common::apply::apply_status(&api, MANAGER, &machine.name_any(), status).await?;
+    ctx.wrote(&written);
     Ok(())
 }
 
