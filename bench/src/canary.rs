@@ -26,16 +26,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail};
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kok_testenv::hosts::{HostsOptions, TestHosts};
 use kok_testenv::kube_env::{KubeEnv, Options};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube_on_kube_api::canary::CanaryPhase;
 use kube_on_kube_api::machine::MachinePhase;
 use kube_on_kube_api::{CanaryRelease, ClusterPackageVersion, Machine, PackageVersion};
 use serde_json::json;
 
+use crate::measure::median;
 use crate::packages::{self, HEALTH_FAILURES, Package};
 use crate::provision::{default_playbook, playbook};
 
@@ -60,6 +64,10 @@ pub struct Args {
     /// Size of each artifact's payload in MiB.
     #[arg(long, default_value_t = 1)]
     pub payload_mib: usize,
+    /// Runs of each tool, taking turns going first; the table reports
+    /// medians.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
     /// Give up on any one phase after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
@@ -71,8 +79,8 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-/// What one tool did.
-#[derive(Debug, Default)]
+/// What one tool did in one run.
+#[derive(Debug, Default, Clone)]
 struct Sample {
     provision_s: f64,
     upgrade_s: f64,
@@ -87,10 +95,21 @@ pub async fn run(args: Args) -> Result<()> {
         Some(p) => p.clone(),
         None => default_playbook()?,
     };
-    let ours = node_operator(&args).await?;
-    eprintln!("node-operator: {ours:?}");
-    let theirs = ansible(&args, &playbook_bin)?;
-    eprintln!("ansible: {theirs:?}");
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for run in 0..args.runs {
+        for node_operator_first in [run % 2 == 0, run % 2 == 1] {
+            if node_operator_first {
+                let s = node_operator(&args).await?;
+                eprintln!("run {}/{} node-operator: {s:?}", run + 1, args.runs);
+                ours.push(s);
+            } else {
+                let s = ansible(&args, &playbook_bin)?;
+                eprintln!("run {}/{} ansible: {s:?}", run + 1, args.runs);
+                theirs.push(s);
+            }
+        }
+    }
     let table = table(&args, &ours, &theirs);
     println!("{table}");
     crate::append(args.out.as_deref(), &table)
@@ -125,13 +144,14 @@ fn now_s() -> f64 {
         .unwrap_or_default()
 }
 
-/// How many hosts `max_unavailable` (a count or a percentage) stands for.
+/// How many hosts `max_unavailable` (a count or a percentage) stands for:
+/// node-operator's own rollout budget, so Ansible's `serial` is the same.
 fn batch_size(max_unavailable: &str, hosts: usize) -> usize {
-    match max_unavailable.strip_suffix('%') {
-        Some(p) => (p.trim().parse::<usize>().unwrap_or(10) * hosts).div_ceil(100),
-        None => max_unavailable.trim().parse().unwrap_or(1),
-    }
-    .clamp(1, hosts.max(1))
+    let value = match max_unavailable.trim().parse::<i32>() {
+        Ok(n) => IntOrString::Int(n),
+        Err(_) => IntOrString::String(max_unavailable.trim().to_string()),
+    };
+    node_operator::rollout::max_unavailable(&value, hosts).min(hosts.max(1))
 }
 
 async fn node_operator(args: &Args) -> Result<Sample> {
@@ -285,7 +305,9 @@ async fn drive(
 
 /// Waits until every Machine is Ready with `kubelet` installed and healthy;
 /// counts the most Machines seen not Ready at once into `most_unavailable`
-/// (and says which they were) when given.
+/// (and says which they were) when given. Follows a watch, as a controller
+/// would, so every change is seen and the API server is not polled while the
+/// operator under measurement works.
 async fn wait_machines(
     machines: &Api<Machine>,
     child: &mut Child,
@@ -293,13 +315,25 @@ async fn wait_machines(
     timeout: Duration,
     mut most_unavailable: Option<&mut usize>,
 ) -> Result<()> {
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(machines.clone(), watcher::Config::default()),
+    )
+    .default_backoff();
+    let mut stream = std::pin::pin!(stream);
     let deadline = Instant::now() + timeout;
     let mut last_report = Instant::now();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             bail!("node-operator exited ({status})");
         }
-        let list = machines.list(&ListParams::default()).await?.items;
+        match tokio::time::timeout(Duration::from_secs(1), stream.next()).await {
+            Ok(Some(Err(e))) => eprintln!("  watching Machines: {e}"),
+            Ok(None) => bail!("the watch of Machines ended"),
+            Ok(Some(Ok(_))) | Err(_) => {}
+        }
+        let list = reader.state();
         let ready = |m: &Machine| {
             m.status
                 .as_ref()
@@ -350,7 +384,6 @@ async fn wait_machines(
             eprintln!("  {done}/{} Machines at {kubelet}", list.len());
             last_report = Instant::now();
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -515,37 +548,59 @@ fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
     Ok(sample)
 }
 
-fn table(args: &Args, ours: &Sample, theirs: &Sample) -> String {
+fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
     let per_min = |s: &Sample| args.hosts as f64 / (s.upgrade_s / 60.0);
+    let pick = |samples: &[Sample], f: &dyn Fn(&Sample) -> f64| {
+        median(&samples.iter().map(f).collect::<Vec<_>>())
+    };
     let mut out = format!(
-        "\n### Upgrade throughput and halting a bad version: {} hosts, maxUnavailable {} ({} hosts), 1 run\n\n\
-         | tool | provision s | upgrade s | Machines/min | most unavailable | first failure → halt s | hosts switched to the bad version |\n\
+        "\n### Upgrade throughput and halting a bad version: {} hosts, maxUnavailable {} ({} hosts), median of {} runs\n\n\
+         | tool | provision s | upgrade s | Machines/min | most unavailable (any run) | first failure → halt s | hosts switched to the bad version |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
         args.hosts,
         args.max_unavailable,
-        batch_size(&args.max_unavailable, args.hosts)
+        batch_size(&args.max_unavailable, args.hosts),
+        args.runs
     );
     for (label, s) in [("node-operator", ours), ("ansible-playbook", theirs)] {
         out.push_str(&format!(
-            "| {label} | {:.1} | {:.1} | {:.0} | {} | {:.1} | {} |\n",
-            s.provision_s,
-            s.upgrade_s,
-            per_min(s),
-            s.most_unavailable,
-            s.halt_s,
-            s.upgraded_before_halt
+            "| {label} | {:.1} | {:.1} | {:.0} | {} | {:.1} | {:.0} |\n",
+            pick(s, &|s| s.provision_s),
+            pick(s, &|s| s.upgrade_s),
+            pick(s, &per_min),
+            s.iter()
+                .map(|s| s.most_unavailable)
+                .max()
+                .unwrap_or_default(),
+            pick(s, &|s| s.halt_s),
+            pick(s, &|s| s.upgraded_before_halt as f64),
         ));
     }
     out.push_str(&format!(
         "| **ratio ansible / node-operator** | | **{:.1}×** | | | **{:.1}×** | |\n",
-        theirs.upgrade_s / ours.upgrade_s,
-        theirs.halt_s / ours.halt_s
+        pick(theirs, &|s| s.upgrade_s) / pick(ours, &|s| s.upgrade_s),
+        pick(theirs, &|s| s.halt_s) / pick(ours, &|s| s.halt_s)
     ));
     out.push_str(
         "\nnode-operator provisions through its Machine controller (bootstrap token, Node \
          registration); Ansible's provision is the bare install. `most unavailable` for Ansible \
-         is its `serial`.\n",
+         is its `serial`.\n\nAll runs:\n\n\
+         | run | tool | provision s | upgrade s | most unavailable | first failure → halt s | switched to the bad version |\n\
+         |---:|---|---:|---:|---:|---:|---:|\n",
     );
+    for (i, (o, t)) in ours.iter().zip(theirs).enumerate() {
+        for (label, s) in [("node-operator", o), ("ansible-playbook", t)] {
+            out.push_str(&format!(
+                "| {} | {label} | {:.1} | {:.1} | {} | {:.1} | {} |\n",
+                i + 1,
+                s.provision_s,
+                s.upgrade_s,
+                s.most_unavailable,
+                s.halt_s,
+                s.upgraded_before_halt
+            ));
+        }
+    }
     out
 }
 
@@ -554,9 +609,11 @@ mod tests {
     use super::batch_size;
 
     #[test]
-    fn batch_sizes_round_up_and_stay_in_range() {
+    fn batch_sizes_are_the_operators_budget() {
         assert_eq!(batch_size("10%", 200), 20);
-        assert_eq!(batch_size("10%", 15), 2);
+        // Percentages round down, as node-operator's budget does.
+        assert_eq!(batch_size("10%", 15), 1);
+        assert_eq!(batch_size("30%", 10), 3);
         assert_eq!(batch_size("3", 200), 3);
         assert_eq!(batch_size("0", 200), 1);
         assert_eq!(batch_size("500", 20), 20);
