@@ -37,6 +37,11 @@ pub struct Args {
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write the curves of operator CPU and memory per Cluster against the
+    /// fleet size as `fleet-cpu.svg` and `fleet-memory.svg` into this
+    /// directory.
+    #[arg(long)]
+    pub plots: Option<PathBuf>,
 }
 
 /// One run of one size.
@@ -81,7 +86,58 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let table = table(&args, &samples);
     println!("{table}");
+    if let Some(dir) = &args.plots {
+        plots(&args, &samples, dir)?;
+    }
     crate::append(args.out.as_deref(), &table)
+}
+
+/// The median of `f` over the runs of each fleet size.
+fn medians(args: &Args, samples: &[Sample], f: fn(&Sample) -> f64) -> Vec<(f64, f64)> {
+    args.clusters
+        .iter()
+        .map(|&n| {
+            let values: Vec<f64> = samples.iter().filter(|s| s.clusters == n).map(f).collect();
+            (n as f64, median(&values))
+        })
+        .collect()
+}
+
+fn plots(args: &Args, samples: &[Sample], dir: &std::path::Path) -> Result<()> {
+    use crate::plot::{Chart, Series};
+    std::fs::create_dir_all(dir)?;
+    let charts = [
+        (
+            "fleet-cpu.svg",
+            Chart {
+                title: format!("Operator CPU per {} Cluster (median)", args.mode),
+                x_label: "Clusters applied at once".into(),
+                y_label: "CPU ms per Cluster".into(),
+                series: vec![Series {
+                    label: "kube-on-kube-operator".into(),
+                    points: medians(args, samples, Sample::cpu_ms_per_cluster),
+                }],
+            },
+        ),
+        (
+            "fleet-memory.svg",
+            Chart {
+                title: format!("Operator memory per {} Cluster (median)", args.mode),
+                x_label: "Clusters applied at once".into(),
+                y_label: "MiB per Cluster (peak - idle RSS)".into(),
+                series: vec![Series {
+                    label: "kube-on-kube-operator".into(),
+                    points: medians(args, samples, Sample::mib_per_cluster),
+                }],
+            },
+        ),
+    ];
+    for (file, chart) in charts {
+        let path = dir.join(file);
+        std::fs::write(&path, chart.svg()).with_context(|| format!("write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -> Result<Sample> {
@@ -228,16 +284,8 @@ fn table(args: &Args, samples: &[Sample]) -> String {
         "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|\n",
         args.mode, args.runs
     );
-    for &n in &args.clusters {
-        let of = |f: fn(&Sample) -> f64| {
-            median(
-                &samples
-                    .iter()
-                    .filter(|s| s.clusters == n)
-                    .map(f)
-                    .collect::<Vec<_>>(),
-            )
-        };
+    for (i, &n) in args.clusters.iter().enumerate() {
+        let of = |f: fn(&Sample) -> f64| medians(args, samples, f)[i].1;
         out.push_str(&format!(
             "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.2} |\n",
             of(|s| s.seconds),

@@ -5,6 +5,7 @@ mod controlplane;
 mod fleet;
 mod measure;
 mod packages;
+mod plot;
 mod provision;
 mod steady;
 

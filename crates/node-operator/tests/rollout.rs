@@ -23,6 +23,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_on_kube_api::machine::MachinePhase;
 use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
+use node_operator::rollout::node_ready;
 use serde_json::json;
 use support::*;
 
@@ -40,13 +41,6 @@ fn busy(m: &Machine) -> bool {
                 | MachinePhase::Failed
         )
     )
-}
-
-fn node_ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn unschedulable(n: &Node) -> bool {
@@ -115,13 +109,7 @@ async fn default_change_rolls_within_the_budget() {
     let changed = Instant::now();
     let changed_at = SystemTime::now();
     let cpvs: Api<ClusterPackageVersion> = Api::all(h.client.clone());
-    cpvs.patch(
-        "default",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"packages": {"kubelet": NEW}}})),
-    )
-    .await
-    .unwrap();
+    set_default(&h.client, "kubelet", NEW).await;
     let followers: Vec<_> = hosts.iter().filter(|h| h.name() != pinned).collect();
     for host in &followers {
         wait_at(

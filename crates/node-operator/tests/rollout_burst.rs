@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube_on_kube_api::machine::MachinePhase;
 use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
+use node_operator::rollout::node_ready;
 use serde_json::json;
 use support::*;
 
@@ -29,13 +30,6 @@ const HOSTS: usize = 10;
 const BUDGET: usize = 3;
 const OLD: &str = "kubelet-1.35.4";
 const NEW: &str = "kubelet-1.35.5";
-
-fn node_ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_change_as_machines_turn_ready_stays_within_the_budget() {
@@ -80,13 +74,7 @@ async fn default_change_as_machines_turn_ready_stays_within_the_budget() {
     let mut recorder = Recorder::new();
     recorder.watch(machines.clone(), "Machine").await;
     recorder.watch(nodes.clone(), "Node").await;
-    cpvs.patch(
-        "default",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"packages": {"kubelet": NEW}}})),
-    )
-    .await
-    .unwrap();
+    set_default(&h.client, "kubelet", NEW).await;
     eprintln!(
         "{HOSTS} Machines Ready at {OLD} after {:?}; default moved to {NEW}",
         started.elapsed()

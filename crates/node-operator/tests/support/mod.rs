@@ -897,6 +897,18 @@ pub async fn wait_all_at(
     }
 }
 
+/// Moves the ClusterPackageVersion's `package` to PackageVersion `pv`.
+pub async fn set_default(client: &Client, package: &str, pv: &str) {
+    Api::<ClusterPackageVersion>::all(client.clone())
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"packages": {package: pv}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("setting the default {package} to {pv}: {e}"));
+}
+
 /// A bare Pod bound to Node `node` (no scheduler needed), for drains to evict.
 pub fn pod_on(node: &str, name: &str) -> k8s_openapi::api::core::v1::Pod {
     serde_json::from_value(serde_json::json!({
