@@ -93,6 +93,12 @@ pub async fn run(args: Args) -> Result<()> {
             "json",
             "--log-level",
             "info,kok_common=debug",
+            "--http-address=127.0.0.1:0",
+            // The periodic host checks (every 5 minutes by default, spread
+            // over the interval) are work the operator chooses to do, one
+            // SSH session per Machine per interval; this measures what
+            // Machines that need nothing cost, so they fall after the run.
+            "--recheck-interval=1h",
         ])
         .stdout(Stdio::from(std::fs::File::create(&log_path)?))
         .stderr(Stdio::inherit())

@@ -434,7 +434,9 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<ClusterPhase>,
     /// EtcdReady, APIServerReady, ControllerManagerReady, SchedulerReady,
-    /// AddonsReady, CertificatesReady and Ready.
+    /// AddonsReady, CertificatesReady and Ready; Progressing is True while a
+    /// version upgrade rolls through the components and False once it is
+    /// done or refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

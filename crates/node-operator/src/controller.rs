@@ -85,6 +85,8 @@ pub struct Context {
     checked: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Per Machine, when its backoff after the last failure is over.
+    retry_at: Mutex<HashMap<String, Instant>>,
     /// Per Machine, the inputs of the last attempt (`.0`) and of the last
     /// failure that only a change can fix (`.1`).
     attempts: Mutex<HashMap<String, (u64, Option<u64>)>>,
@@ -114,6 +116,7 @@ impl Context {
             remediations,
             checked: Mutex::default(),
             failures: Mutex::default(),
+            retry_at: Mutex::default(),
             attempts: Mutex::default(),
             versions: Mutex::default(),
         }
@@ -140,6 +143,7 @@ impl Context {
     pub fn forget(&self, machine: &str) {
         lock(&self.checked).remove(machine);
         lock(&self.failures).remove(machine);
+        lock(&self.retry_at).remove(machine);
         lock(&self.attempts).remove(machine);
         lock(&self.versions).remove(machine);
     }
@@ -236,6 +240,16 @@ impl Context {
     /// Clears the failure count of `key` after a success.
     pub fn succeeded(&self, key: &str) {
         lock(&self.failures).remove(key);
+        lock(&self.retry_at).remove(key);
+    }
+
+    /// How long the Machine's backoff after its last failure still runs, if
+    /// it does.
+    pub fn backing_off(&self, machine: &str) -> Option<Duration> {
+        lock(&self.retry_at)
+            .get(machine)
+            .and_then(|at| at.checked_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero())
     }
 }
 
@@ -342,6 +356,7 @@ pub fn backoff(failures: u32) -> Duration {
 fn machine_error_policy(machine: Arc<Machine>, error: &Error, ctx: Arc<Context>) -> Action {
     let n = ctx.failed(&machine.name_any());
     let delay = backoff(n);
+    lock(&ctx.retry_at).insert(machine.name_any(), Instant::now() + delay);
     tracing::warn!(machine = %machine.name_any(), category = error.category(), %error, failures = n, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -55,6 +55,16 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
     }
     let generation = machine.metadata.generation;
     let mut st = machine.status.clone().unwrap_or_default();
+    // A failed Machine is tried again when its backoff is over, not on every
+    // update that wakes it (its own failed status, Node heartbeats); a change
+    // of its spec is tried at once.
+    if status::failed(&st)
+        && st.observed_generation == generation
+        && let Some(wait) = ctx.backing_off(&name)
+    {
+        tracing::debug!(machine = %name, ?wait, "backing off after a failure");
+        return Ok(Action::requeue(wait));
+    }
     st.canary = rollout::canary_claim(&machine).map(str::to_string);
     if st.phase.is_none() {
         st.phase = Some(MachinePhase::Pending);
