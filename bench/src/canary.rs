@@ -179,7 +179,7 @@ async fn node_operator(args: &Args) -> Result<Sample> {
     cluster_info(&client, &env).await?;
     ssh_key(&client, &hosts).await?;
     let names: Vec<String> = hosts.hosts().iter().map(|h| h.name().to_string()).collect();
-    crate::steady::create_nodes(&client, &names).await?;
+    crate::steady::create_nodes(&client, &names, false).await?;
     crate::steady::wait_nodes_ready(&client, names.len(), Duration::from_secs(args.timeout))
         .await?;
 

@@ -30,6 +30,7 @@ use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
 use serde_json::json;
 
 use crate::fleet::{proc_status_kib, sibling};
+use node_operator::machine::status;
 
 const MANAGER: &str = "kok-bench";
 /// Requests in flight while the fixture is written.
@@ -71,7 +72,8 @@ pub async fn run(args: Args) -> Result<()> {
     let names: Vec<String> = (0..args.machines)
         .map(|i| format!("kwok-node-{i}"))
         .collect();
-    create_nodes(&client, &names).await?;
+    // Labelled as the node-operator labels the Nodes of its Machines.
+    create_nodes(&client, &names, true).await?;
     wait_nodes_ready(&client, args.machines, Duration::from_secs(args.timeout)).await?;
     create_machines(&client, &names, ssh.port, &installed).await?;
     eprintln!(
@@ -243,16 +245,21 @@ async fn apply_packages(client: &Client) -> Result<Vec<(String, InstalledPackage
         .collect()
 }
 
-pub(crate) async fn create_nodes(client: &Client, names: &[String]) -> Result<()> {
+pub(crate) async fn create_nodes(client: &Client, names: &[String], labelled: bool) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let params = PatchParams::apply(MANAGER).force();
     futures::stream::iter(names)
         .map(|name| {
             let nodes = nodes.clone();
             let params = params.clone();
+            let mut node = fake_node(name);
+            if labelled {
+                node["metadata"]["labels"][node_operator::bootstrap::MACHINE_LABEL] =
+                    name.clone().into();
+            }
             async move {
                 nodes
-                    .patch(name, &params, &Patch::Apply(fake_node(name)))
+                    .patch(name, &params, &Patch::Apply(node))
                     .await
                     .with_context(|| format!("create Node {name}"))
             }
@@ -327,7 +334,7 @@ async fn create_machines(
                 let mut machine = Machine::new(name, spec);
                 machine.metadata.finalizers = Some(vec!["kubeonkube.io/machine".into()]);
                 let created = machines.create(&PostParams::default(), &machine).await?;
-                let status = MachineStatus {
+                let mut status = MachineStatus {
                     observed_generation: created.metadata.generation,
                     phase: Some(MachinePhase::Ready),
                     installed: installed.iter().cloned().collect(),
@@ -342,6 +349,15 @@ async fn create_machines(
                     }),
                     ..Default::default()
                 };
+                // The conditions the node-operator leaves on a Ready Machine.
+                let generation = created.metadata.generation;
+                for (type_, reason, message) in [
+                    (status::REACHABLE, "Connected", format!("logged in to 127.0.0.1:{port}")),
+                    (status::PACKAGES_INSTALLED, "Installed", "every package at its declared version".to_string()),
+                    (status::NODE_READY, "NodeReady", format!("Node {name} is Ready")),
+                ] {
+                    status::set(&mut status, generation, type_, true, reason, message);
+                }
                 machines
                     .patch_status(
                         name,

@@ -6,12 +6,13 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::{ClusterPackageVersion, Machine};
 use tokio::sync::Semaphore;
@@ -293,18 +294,14 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
     });
     let controller = controller
         .with_config(config)
-        .watches(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default(),
-            |node: Node| {
-                let machine = node
-                    .labels()
-                    .get(MACHINE_LABEL)
-                    .cloned()
-                    .unwrap_or_else(|| node.name_any());
-                Some(ObjectRef::<Machine>::new(&machine))
-            },
-        )
+        .watches_stream(node_changes(client), |node: Node| {
+            let machine = node
+                .labels()
+                .get(MACHINE_LABEL)
+                .cloned()
+                .unwrap_or_else(|| node.name_any());
+            Some(ObjectRef::<Machine>::new(&machine))
+        })
         .watches(
             Api::<ClusterPackageVersion>::all(client.clone()),
             watcher::Config::default(),
@@ -325,6 +322,62 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
         Error::category,
     )
     .await;
+}
+
+/// Node updates that can matter to a Machine: the Node appears or is
+/// deleted, or its labels, taints, schedulability or conditions (type,
+/// status, reason) change. Updates that only renew heartbeat times are
+/// dropped: a kubelet reports its status every few minutes even when
+/// nothing changed, and with thousands of Nodes each round of those reports
+/// would wake every Machine.
+fn node_changes(
+    client: &Client,
+) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let out = match event {
+                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                    let state = node_state(&node);
+                    (seen.insert(node.name_any(), state) != Some(state)).then_some(Ok(node))
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    seen.remove(&node.name_any());
+                    Some(Ok(node))
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(out)
+        })
+}
+
+/// A hash of what a Machine reconcile reads from its Node.
+fn node_state(node: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.metadata.labels.hash(&mut h);
+    node.metadata.annotations.hash(&mut h);
+    if let Some(spec) = &node.spec {
+        spec.unschedulable.hash(&mut h);
+        serde_json::to_string(&spec.taints)
+            .unwrap_or_default()
+            .hash(&mut h);
+    }
+    let mut conditions: Vec<(&str, &str, Option<&str>)> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()))
+                .collect()
+        })
+        .unwrap_or_default();
+    conditions.sort_unstable();
+    conditions.hash(&mut h);
+    h.finish()
 }
 
 /// Observe one object of any of the watched kinds.
@@ -364,6 +417,37 @@ fn machine_error_policy(machine: Arc<Machine>, error: &Error, ctx: Arc<Context>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(heartbeat: &str, ready: &str, labels: &[(&str, &str)]) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "n1",
+                "resourceVersion": heartbeat,
+                "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+            },
+            "status": {"conditions": [
+                {"type": "Ready", "status": ready, "reason": "KubeletReady",
+                 "lastHeartbeatTime": format!("2026-01-01T00:00:{heartbeat}Z")},
+                {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure",
+                 "lastHeartbeatTime": format!("2026-01-01T00:00:{heartbeat}Z")},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn heartbeats_alone_are_not_a_node_change() {
+        let base = node_state(&node("10", "True", &[("a", "1")]));
+        assert_eq!(base, node_state(&node("40", "True", &[("a", "1")])));
+        assert_ne!(base, node_state(&node("10", "False", &[("a", "1")])));
+        assert_ne!(base, node_state(&node("10", "True", &[("a", "2")])));
+        let mut cordoned = node("10", "True", &[("a", "1")]);
+        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        assert_ne!(base, node_state(&cordoned));
+    }
 
     #[test]
     fn backoff_doubles_up_to_five_minutes() {

@@ -779,10 +779,11 @@ async fn finish_node(
                     ),
                 )
                 .await;
+                // The kubelet has its own credentials now. (Before the phase
+                // is written: a failure here is retried with the reconcile.)
+                bootstrap::delete_tokens(&ctx.client, &name).await?;
             }
             st.phase = Some(MachinePhase::Ready);
-            // The kubelet has its own credentials now.
-            bootstrap::delete_tokens(&ctx.client, &name).await?;
         }
     } else {
         status::set(
