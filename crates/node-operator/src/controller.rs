@@ -12,7 +12,7 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::{WatchStreamExt as _, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::{ClusterPackageVersion, Machine};
 use tokio::sync::Semaphore;
@@ -302,9 +302,17 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
                 .unwrap_or_else(|| node.name_any());
             Some(ObjectRef::<Machine>::new(&machine))
         })
-        .watches(
-            Api::<ClusterPackageVersion>::all(client.clone()),
-            watcher::Config::default(),
+        // Only a change of the cluster default's spec concerns every Machine;
+        // its status (counts of Machines up to date, unavailable) changes
+        // as they move and must not wake them all again.
+        .watches_stream(
+            watcher(
+                Api::<ClusterPackageVersion>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .touched_objects()
+            .predicate_filter(predicates::generation, Default::default()),
             move |_cpv| {
                 store
                     .state()
