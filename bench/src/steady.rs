@@ -119,6 +119,9 @@ struct Sample {
     full_pass_s: f64,
     peak_rss_mib: f64,
     ssh_connections: u64,
+    /// Machines no longer Ready at the end: visited, and the counting
+    /// listener (no sshd) failed the visit.
+    left_ready: usize,
     requests_per_min: f64,
 }
 
@@ -165,10 +168,10 @@ async fn measure(
     );
     let with = requests_per_minute(client, Duration::from_secs(args.window)).await?;
     let peak = proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0;
-    let failed = machines_not_ready(client).await?;
-    if failed > 0 {
-        bail!(
-            "{failed} Machines left Ready during the run (log: {})",
+    let left_ready = machines_not_ready(client).await?;
+    if left_ready > 0 {
+        eprintln!(
+            "{left_ready} Machines left Ready during the run: they were visited (log: {})",
             log.display()
         );
     }
@@ -176,6 +179,7 @@ async fn measure(
         full_pass_s: full_pass.as_secs_f64(),
         peak_rss_mib: peak,
         ssh_connections: ssh.count(),
+        left_ready,
         requests_per_min: (with - baseline).max(0.0),
     })
 }
@@ -425,11 +429,12 @@ async fn requests_total(client: &Client) -> Result<f64> {
 
 fn table(args: &Args, s: &Sample, baseline: f64) -> String {
     format!(
-        "\n### Steady state: {} Machines at their versions with Ready kwok Nodes\n\n| first full pass s | peak RSS MiB | SSH connections | API requests/min added (baseline without operator) |\n|---:|---:|---:|---:|\n| {:.1} | {:.1} | {} | {:.0} ({:.0}) |\n",
+        "\n### Steady state: {} Machines at their versions with Ready kwok Nodes\n\n| first full pass s | peak RSS MiB | SSH connections | Machines visited (left Ready) | API requests/min added (baseline without operator) |\n|---:|---:|---:|---:|---:|\n| {:.1} | {:.1} | {} | {} | {:.0} ({:.0}) |\n",
         args.machines,
         s.full_pass_s,
         s.peak_rss_mib,
         s.ssh_connections,
+        s.left_ready,
         s.requests_per_min,
         baseline
     )

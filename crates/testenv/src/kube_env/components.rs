@@ -14,8 +14,9 @@ use super::supervisor::Supervised;
 use super::{Error, Options};
 use crate::bins;
 
-/// Service IPs; 10.0.0.1 (the `kubernetes` service) is in the server certificate.
-pub(crate) const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// Service IPs, room for the Services of hundreds of Clusters; 10.0.0.1 (the
+/// `kubernetes` service) is in the server certificate.
+pub(crate) const SERVICE_CIDR: &str = "10.0.0.0/16";
 
 /// Pod IPs handed out by kwok, apart from the service range.
 const POD_CIDR: &str = "10.244.0.1/16";
