@@ -304,7 +304,8 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
         })
         // Only a change of the cluster default's spec concerns every Machine;
         // its status (counts of Machines up to date, unavailable) changes
-        // as they move and must not wake them all again.
+        // as they move and must not wake them all again. (Its deletion may
+        // pass unseen too: Machines then keep what they run.)
         .watches_stream(
             watcher(
                 Api::<ClusterPackageVersion>::all(client.clone()),
