@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,20 +24,21 @@ const LEASE: Duration = Duration::from_secs(15);
 struct Replica {
     name: &'static str,
     child: Child,
-    port: u16,
     log: PathBuf,
 }
 
 impl Replica {
     fn start(env: &KubeEnv, ns: &str, name: &'static str) -> Replica {
-        let port = free_port();
         let log = env.log_dir().join(format!("leader-{ns}-{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_kube-on-kube-operator"))
             .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
             .arg(format!("--namespace={ns}"))
             .arg(format!("--leader-election-namespace={ns}"))
-            .arg(format!("--http-address=127.0.0.1:{port}"))
+            // The port the replica binds is read from its log: a port
+            // picked here could be taken before it binds (by the other
+            // replica, even).
+            .arg("--http-address=127.0.0.1:0")
             .arg("--log-level=info")
             .env("POD_NAME", name)
             .stdin(Stdio::null())
@@ -45,16 +46,24 @@ impl Replica {
             .stderr(file)
             .spawn()
             .expect("start the operator");
-        Replica {
-            name,
-            child,
-            port,
-            log,
-        }
+        Replica { name, child, log }
+    }
+
+    /// The port the replica serves HTTP on, once it logged it.
+    fn port(&self) -> Option<u16> {
+        let log = std::fs::read_to_string(&self.log).ok()?;
+        let plain = strip_ansi(&log);
+        let line = plain.lines().find(|l| l.contains("serving /healthz"))?;
+        let address = line.split("address=").nth(1)?.split_whitespace().next()?;
+        address.rsplit(':').next()?.parse().ok()
     }
 
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        http(self.port, "GET", path, "")
+        http(self.port()?, "GET", path, "")
+    }
+
+    fn put(&self, path: &str, body: &str) -> Option<(u16, String)> {
+        http(self.port()?, "PUT", path, body)
     }
 
     fn metrics(&self) -> BTreeMap<String, f64> {
@@ -98,11 +107,22 @@ impl Drop for Replica {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+/// `text` without terminal colour sequences (ESC `[` … letter).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One HTTP/1.1 request; `None` when nothing listens (yet).
@@ -256,7 +276,7 @@ async fn one_leader_reconciles_and_hands_over_on_kill_and_on_sigterm() {
 
     // The log filter changes at run time.
     assert_eq!(
-        http(leader.port, "PUT", "/debug/loglevel", "debug").map(|(s, _)| s),
+        leader.put("/debug/loglevel", "debug").map(|(s, _)| s),
         Some(200)
     );
     assert_eq!(
@@ -266,7 +286,9 @@ async fn one_leader_reconciles_and_hands_over_on_kill_and_on_sigterm() {
         Some("debug".to_string())
     );
     assert_eq!(
-        http(leader.port, "PUT", "/debug/loglevel", "info,foo=verbose").map(|(s, _)| s),
+        leader
+            .put("/debug/loglevel", "info,foo=verbose")
+            .map(|(s, _)| s),
         Some(400)
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -275,7 +297,7 @@ async fn one_leader_reconciles_and_hands_over_on_kill_and_on_sigterm() {
         log.contains("DEBUG"),
         "no debug lines after PUT /debug/loglevel debug"
     );
-    http(leader.port, "PUT", "/debug/loglevel", "info");
+    leader.put("/debug/loglevel", "info");
 
     // kill -9: the standby takes over within the lease duration (plus one
     // retry period and scheduling slack on a loaded machine).
