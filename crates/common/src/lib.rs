@@ -3,6 +3,7 @@
 //! logging set-up.
 
 pub mod apply;
+pub mod backoff;
 pub mod client;
 pub mod conditions;
 pub mod controller;

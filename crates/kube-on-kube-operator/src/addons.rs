@@ -133,7 +133,13 @@ pub struct Report {
 }
 
 impl Report {
-    fn failed(reason: &'static str, message: String) -> Self {
+    /// Whether the step went wrong (as opposed to done, or waiting for the
+    /// node-operator to come up): such a step is retried with backoff.
+    pub fn failed(&self) -> bool {
+        !self.ready && self.reason != "NodeOperatorNotReady"
+    }
+
+    fn failure(reason: &'static str, message: String) -> Self {
         Report {
             ready: false,
             reason,
@@ -407,13 +413,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     };
     let (registered, broken) = match templates(ctx, names).await {
         Ok(t) => t,
-        Err(e) => return Report::failed("TemplatesUnreadable", e),
+        Err(e) => return Report::failure("TemplatesUnreadable", e),
     };
     let plans = render::plan(cluster, &settings, &registered, &broken);
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let mut inventory = match read_inventory(&maps, &inventory_name(names)).await {
         Ok(i) => i,
-        Err(e) => return Report::failed("InventoryUnreadable", e),
+        Err(e) => return Report::failure("InventoryUnreadable", e),
     };
     let before = inventory.clone();
     // One cheap request first, so an unreachable API costs one timeout, not
@@ -422,13 +428,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
         Ok(c) => match c.apiserver_version().await {
             Ok(_) => c,
             Err(e) => {
-                return Report::failed(
+                return Report::failure(
                     "BusinessAPIUnreachable",
                     format!("the business API does not answer: {e}"),
                 );
             }
         },
-        Err(e) => return Report::failed("BusinessAPIUnreachable", e),
+        Err(e) => return Report::failure("BusinessAPIUnreachable", e),
     };
 
     let now = time::OffsetDateTime::now_utc().unix_timestamp();

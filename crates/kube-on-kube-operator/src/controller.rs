@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
+use kok_common::backoff::Backoff;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -36,6 +37,10 @@ const TEARDOWN_GRACE_SECONDS: i64 = 1;
 
 /// The longest a settled Cluster waits for its next reconcile.
 const IDLE_RECHECK: Duration = Duration::from_secs(3600);
+
+/// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
+const ADDON_RETRY_FIRST: Duration = Duration::from_secs(10);
+const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
@@ -77,6 +82,22 @@ pub struct Context {
     pub recorder: Recorder,
     /// The operator's settings.
     pub config: Config,
+    /// Clusters whose add-on step failed: it is retried with backoff, not on
+    /// every reconcile (an unreachable business API would otherwise be dialled
+    /// each time anything of the Cluster changes).
+    pub addon_backoff: Backoff<addons::Report>,
+}
+
+impl Context {
+    /// A context with no failures recorded yet.
+    pub fn new(client: Client, recorder: Recorder, config: Config) -> Self {
+        Context {
+            client,
+            recorder,
+            config,
+            addon_backoff: Backoff::new(ADDON_RETRY_FIRST, ADDON_RETRY_MAX),
+        }
+    }
 }
 
 /// Run the Cluster controller until SIGTERM/SIGINT. `namespace` limits it to one
@@ -97,11 +118,11 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(client.clone(), reporter),
         config,
-    });
+    ));
     let controller_config = kube::runtime::controller::Config::default().concurrency(concurrency);
     let controller = Controller::new(
         scoped::<Cluster>(&client, namespace),
@@ -457,14 +478,47 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .unwrap_or(0)
         > 0;
     // Add-ons follow the control plane: not while it upgrades or refuses a version.
+    let mut addons_wait = None;
     let addons = if api_ready && certificates_error.is_none() && upgrade_plan.addons {
-        let inputs = addons::Inputs {
-            cluster: &cluster,
-            names: &names,
-            secrets: &all_secrets,
-            endpoint: &endpoint,
-        };
-        Some(addons::reconcile(&ctx, &inputs).await)
+        let key = format!("{ns}/{}", names.cluster);
+        let generation = cluster.metadata.generation;
+        Some(
+            if let Some((wait, last)) = ctx.addon_backoff.waiting(&key, generation) {
+                addons_wait = Some(wait);
+                last
+            } else {
+                let inputs = addons::Inputs {
+                    cluster: &cluster,
+                    names: &names,
+                    secrets: &all_secrets,
+                    endpoint: &endpoint,
+                };
+                let report = addons::reconcile(&ctx, &inputs).await;
+                if report.failed() {
+                    // The time of the next attempt, not the time left: the
+                    // message must not change while waiting, or each status
+                    // write would wake the Cluster again.
+                    let (shown, wait) = ctx.addon_backoff.failed(&key, generation, |n, wait| {
+                        let at = Timestamp::now()
+                            .checked_add(wait)
+                            .unwrap_or(Timestamp::now());
+                        addons::Report {
+                            message: format!(
+                                "{} (attempt {n} failed; next at {})",
+                                report.message,
+                                at.strftime("%H:%M:%SZ")
+                            ),
+                            ..report.clone()
+                        }
+                    });
+                    addons_wait = Some(wait);
+                    shown
+                } else {
+                    ctx.addon_backoff.succeeded(&key);
+                    report
+                }
+            },
+        )
     } else {
         None
     };
@@ -495,10 +549,25 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         secrets::until_renewal(at, renew_before, OffsetDateTime::now_utc())
             .clamp(Duration::from_secs(1), IDLE_RECHECK)
     });
+    // A control plane that is ready but for its failing add-ons waits for
+    // their next attempt; anything else still converging is looked at again
+    // soon (changes of its objects wake it sooner).
+    let only_addons_wait = addons_wait.filter(|_| {
+        status
+            .conditions
+            .iter()
+            .filter(|c| {
+                ![status::READY, status::ADDONS_READY, status::PROGRESSING]
+                    .contains(&c.type_.as_str())
+            })
+            .all(|c| c.status == "True")
+    });
     Ok(Action::requeue(if let Some(soon) = etcd_report.requeue {
         soon.min(idle)
     } else if ready {
         idle
+    } else if let Some(wait) = only_addons_wait {
+        wait.max(Duration::from_secs(1)).min(idle)
     } else {
         Duration::from_secs(10).min(idle)
     }))

@@ -65,17 +65,17 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("kwok-cluster").await;
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(
             client.clone(),
             Reporter {
                 controller: "test".into(),
                 instance: None,
             },
         ),
-        config: Config::default(),
-    });
+        Config::default(),
+    ));
     let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -156,6 +156,47 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
             "{d} is owned"
         );
     }
+
+    // Simulated Pods serve no business API, so the add-on step fails; it is
+    // retried after its backoff (10 s, then doubling), not on every
+    // reconcile, and the condition says when the next attempt is due.
+    let addons = |c: &Cluster| {
+        let c = c.status.as_ref()?.condition("AddonsReady")?;
+        Some((c.reason.clone(), c.message.clone()))
+    };
+    let pass = || async {
+        reconcile(Arc::new(api.get("prod").await.expect("get")), ctx.clone())
+            .await
+            .expect("reconcile");
+        addons(&api.get("prod").await.expect("get")).expect("AddonsReady")
+    };
+    let (reason, first) = pass().await;
+    assert_eq!(reason, "BusinessAPIUnreachable", "{first}");
+    assert!(first.contains("failed; next at "), "{first}");
+    for _ in 0..3 {
+        assert_eq!(pass().await.1, first, "the add-on step was retried at once");
+    }
+    let attempt = |m: &str| -> u32 {
+        let n = m.split("(attempt ").nth(1).expect("attempt count");
+        n.split(' ').next().unwrap().parse().expect("a number")
+    };
+    let waited = Instant::now();
+    let retried = loop {
+        let (_, message) = pass().await;
+        if message != first {
+            break message;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(25),
+            "no new attempt after 25s: {message}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(attempt(&retried), attempt(&first) + 1, "{retried}");
+    println!(
+        "add-on step retried after {:?}: {retried}",
+        waited.elapsed()
+    );
 
     // A second pass changes nothing: no new certificates.
     let before: Vec<_> = all_secrets.iter().map(|s| s.resource_version()).collect();
