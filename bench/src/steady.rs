@@ -97,10 +97,9 @@ pub async fn run(args: Args) -> Result<()> {
             "info,kok_common=debug",
             "--http-address=127.0.0.1:0",
             // The periodic host checks (every 5 minutes by default) are one
-            // SSH session per Machine per interval. After a start they are
-            // spread over the first interval, so even at 1 h about
-            // machines / 3600 of them fall in each second of the run and are
-            // counted below.
+            // SSH session per Machine per interval, due one interval after
+            // the check each Machine's status records (its provisioning,
+            // here). Any the operator opens during the run is counted below.
             "--recheck-interval=1h",
         ])
         .stdout(Stdio::from(std::fs::File::create(&log_path)?))
@@ -344,6 +343,7 @@ async fn create_machines(
                     phase: Some(MachinePhase::Ready),
                     installed: installed.iter().cloned().collect(),
                     node_name: Some(name.clone()),
+                    last_checked_at: Some(now.clone()),
                     last_operation: Some(LastOperation {
                         step: "check".into(),
                         started_at: now.clone(),

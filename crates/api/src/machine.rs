@@ -173,6 +173,11 @@ pub struct MachineStatus {
     /// The most recent operation and how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<LastOperation>,
+    /// When the host was last visited and found (or left) as declared. The
+    /// periodic check comes one re-check interval after it, also after the
+    /// node-operator restarts or another replica takes over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checked_at: Option<Time>,
     /// The CanaryRelease that currently claims this Machine, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<String>,

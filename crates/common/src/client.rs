@@ -57,3 +57,30 @@ impl ClientArgs {
         Ok(client)
     }
 }
+
+/// Objects per page of [`list_paged`].
+pub const PAGE: u32 = 500;
+
+/// Every object `params` selects, read in pages of [`PAGE`], each passed
+/// through `keep` as its page arrives: a collection of thousands is never
+/// held whole as the API server sends it (managed fields and all), only as
+/// far as the caller needs it.
+pub async fn list_paged<K, T>(
+    api: &kube::Api<K>,
+    params: &kube::api::ListParams,
+    mut keep: impl FnMut(K) -> T,
+) -> Result<Vec<T>, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = params.clone().limit(PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        out.extend(page.items.into_iter().map(&mut keep));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(out),
+        }
+    }
+}

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -983,11 +983,7 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
         return Ok(Action::await_change());
     };
     let machines_api = Api::<Machine>::all(client.clone());
-    let machines = machines_api
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?
-        .items;
+    let machines = rollout::list_machines(client).await.map_err(Error::Kube)?;
     let has_finalizer = release.finalizers().iter().any(|f| f == FINALIZER);
 
     if release.metadata.deletion_timestamp.is_some() {
@@ -1017,11 +1013,7 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
         return Ok(Action::await_change());
     }
 
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?
-        .items;
+    let nodes = rollout::list_nodes(client).await.map_err(Error::Kube)?;
     let mut plan = plan(&release, &machines, &nodes, Timestamp::now());
 
     let claims = plan.marks.values().any(|c| matches!(c, MarkChange::Set(_)));

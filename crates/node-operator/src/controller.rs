@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt as _};
@@ -11,10 +11,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
-use kube_on_kube_api::{ClusterPackageVersion, Machine};
+use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
 use tokio::sync::Semaphore;
 
 use crate::Error;
@@ -94,6 +94,19 @@ pub struct Context {
     /// Per Machine, its resourceVersion as this process last wrote or read it
     /// from the API server (not the informer).
     versions: Mutex<HashMap<String, String>>,
+    /// Watched copies of the cluster defaults and PackageVersions, once the
+    /// controllers run (without them, reads go to the API server).
+    caches: OnceLock<Caches>,
+}
+
+/// Watched copies of what every Machine reconcile reads: at thousands of
+/// Machines, a read of each from the API server per reconcile is most of the
+/// requests a pass makes.
+pub struct Caches {
+    /// ClusterPackageVersions (the cluster default is `default`).
+    pub defaults: Store<ClusterPackageVersion>,
+    /// PackageVersions by name.
+    pub package_versions: Store<PackageVersion>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -120,7 +133,41 @@ impl Context {
             retry_at: Mutex::default(),
             attempts: Mutex::default(),
             versions: Mutex::default(),
+            caches: OnceLock::new(),
         }
+    }
+
+    /// The cluster default `name`: from the watched copy once it has been
+    /// listed, else from the API server.
+    pub async fn cluster_default(
+        &self,
+        name: &str,
+    ) -> Result<Option<ClusterPackageVersion>, Error> {
+        if let Some(c) = self.caches.get()
+            && c.defaults.wait_until_ready().await.is_ok()
+        {
+            return Ok(c.defaults.get(&ObjectRef::new(name)).map(|d| (*d).clone()));
+        }
+        Api::<ClusterPackageVersion>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(Error::Kube)
+    }
+
+    /// The PackageVersion `name`: from the watched copy when it has it, else
+    /// (not listed yet, or created a moment ago) from the API server.
+    pub async fn package_version(&self, name: &str) -> Result<Option<PackageVersion>, Error> {
+        if let Some(pv) = self
+            .caches
+            .get()
+            .and_then(|c| c.package_versions.get(&ObjectRef::new(name)))
+        {
+            return Ok(Some((*pv).clone()));
+        }
+        Api::<PackageVersion>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(Error::Kube)
     }
 
     /// Time since the Machine's host was last checked, if it was.
@@ -284,12 +331,30 @@ pub async fn run_with(
 /// Node carries, else by name) and the cluster default versions.
 async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
     let config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    let controller = Controller::new(
+    // The cache keeps every Machine; their managed fields (a map of every
+    // field each writer owns) are most of a Machine's size and are never read.
+    let (store, writer) = reflector::store();
+    let watched = watcher(
         Api::<Machine>::all(client.clone()),
         watcher::Config::default(),
-    );
-    let store = controller.store();
-    kok_common::metrics::count_by_phase(controller.store(), |m: &Machine| {
+    )
+    .default_backoff()
+    .modify(|m: &mut Machine| m.metadata.managed_fields = None)
+    .reflect(writer)
+    .touched_objects();
+    let controller = Controller::for_stream(watched, store.clone());
+    let (defaults, defaults_writer) = reflector::store();
+    let (package_versions, pv_writer) = reflector::store();
+    // PackageVersions only fill the cache (one not in it yet is read from
+    // the API server); their changes wake no Machine.
+    let pv_cache = watcher(
+        Api::<PackageVersion>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(pv_writer)
+    .touched_objects();
+    kok_common::metrics::count_by_phase(store.clone(), |m: &Machine| {
         Some(format!("{:?}", m.status.as_ref()?.phase.as_ref()?))
     });
     let controller = controller
@@ -305,13 +370,15 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
         // Only a change of the cluster default's spec concerns every Machine;
         // its status (counts of Machines up to date, unavailable) changes
         // as they move and must not wake them all again. (Its deletion may
-        // pass unseen too: Machines then keep what they run.)
+        // pass unseen too: Machines then keep what they run.) The cache is
+        // updated before the change wakes them, so they read the new one.
         .watches_stream(
             watcher(
                 Api::<ClusterPackageVersion>::all(client.clone()),
                 watcher::Config::default(),
             )
             .default_backoff()
+            .reflect(defaults_writer)
             .touched_objects()
             .predicate_filter(predicates::generation, Default::default()),
             move |_cpv| {
@@ -321,7 +388,12 @@ async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
                     .map(|m| ObjectRef::from_obj(m.as_ref()))
                     .collect::<Vec<_>>()
             },
-        );
+        )
+        .watches_stream(pv_cache, |_pv| None::<ObjectRef<Machine>>);
+    let _ = ctx.caches.set(Caches {
+        defaults,
+        package_versions,
+    });
     kok_common::controller::run(
         "machine",
         controller,
@@ -411,8 +483,7 @@ where
 /// Backoff for a Machine after `failures` consecutive failures: 2 s doubling
 /// to 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
-    let secs = 2u64.saturating_mul(1u64 << failures.saturating_sub(1).min(8));
-    Duration::from_secs(secs.min(300))
+    kok_common::backoff::delay(failures, Duration::from_secs(2), Duration::from_secs(300))
 }
 
 fn machine_error_policy(machine: Arc<Machine>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -217,7 +217,17 @@ pub struct Context {
     pub client: Client,
     /// Publishes Events on the ClusterPackageVersion.
     pub recorder: Recorder,
+    /// When the last summary started (see [`SUMMARY_INTERVAL`]).
+    pub last_pass: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// The shortest time between two summaries. Every Machine change wakes the
+/// summary, and each pass reads every Machine and Node: during a rollout or
+/// an operator start at thousands of Machines, a pass per change would keep
+/// the API server busy listing them. Changes that arrive while a pass waits
+/// are folded into it (the controller runs one pass of an object at a time),
+/// and it reads everything afresh.
+const SUMMARY_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Summarise and validate one ClusterPackageVersion.
 pub async fn reconcile(
@@ -225,6 +235,15 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let client = &ctx.client;
+    let since = ctx
+        .last_pass
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .map(|at| at.elapsed());
+    if let Some(wait) = since.and_then(|s| SUMMARY_INTERVAL.checked_sub(s)) {
+        tokio::time::sleep(wait).await;
+    }
+    *ctx.last_pass.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
     // The controller's cache can lag behind the status the last reconcile
     // wrote; comparing with that older status would repeat its Events.
     let Some(cpv) = Api::<ClusterPackageVersion>::all(client.clone())
@@ -242,16 +261,8 @@ pub async fn reconcile(
         .into_iter()
         .map(|pv| (pv.name_any(), pv))
         .collect();
-    let machines = Api::<Machine>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?
-        .items;
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?
-        .items;
+    let machines = rollout::list_machines(client).await.map_err(Error::Kube)?;
+    let nodes = rollout::list_nodes(client).await.map_err(Error::Kube)?;
 
     let problems = invalid_defaults(&cpv, &pvs);
     let summary = summarize(&cpv, &machines, &nodes);
@@ -313,6 +324,7 @@ pub async fn run(client: Client) {
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), Reporter::from("node-operator")),
+        last_pass: Default::default(),
     });
     let controller = Controller::new(
         Api::<ClusterPackageVersion>::all(client.clone()),

@@ -19,7 +19,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::machine::{InstalledPackage, MachinePhase, MachineStatus};
-use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
+use kube_on_kube_api::{ClusterPackageVersion, Machine};
 use serde_json::json;
 
 use crate::bootstrap;
@@ -157,18 +157,14 @@ async fn add_finalizer(ctx: &Context, machine: &Machine) -> Result<(), Error> {
 
 /// The PackageVersions `machine` should run, in install order.
 pub async fn wanted(
-    client: &Client,
+    ctx: &Context,
     machine: &Machine,
 ) -> Result<(Vec<Wanted>, Option<ClusterPackageVersion>), Error> {
-    let cpv = Api::<ClusterPackageVersion>::all(client.clone())
-        .get_opt("default")
-        .await
-        .map_err(Error::Kube)?;
+    let cpv = ctx.cluster_default("default").await?;
     let target = rollout::target(machine, cpv.as_ref());
-    let pvs: Api<PackageVersion> = Api::all(client.clone());
     let mut wanted = Vec::new();
     for (package, pv_name) in &target.packages {
-        let pv = pvs.get_opt(pv_name).await.map_err(Error::Kube)?;
+        let pv = ctx.package_version(pv_name).await?;
         rollout::check_package_version(package, pv_name, pv.as_ref())
             .map_err(Error::MissingPackageVersion)?;
         if let Some(pv) = pv {
@@ -233,7 +229,7 @@ async fn converge(
 ) -> Result<Action, Error> {
     let name = machine.name_any();
     let generation = machine.metadata.generation;
-    let (wanted, cpv) = wanted(&ctx.client, machine).await?;
+    let (wanted, cpv) = wanted(ctx, machine).await?;
     // A failure only a change can fix (a checksum mismatch, a host-key
     // mismatch) is not retried on every Node or status update: only once the
     // Machine or its package versions change, or after WAIT_FOR_CHANGE.
@@ -251,15 +247,24 @@ async fn converge(
         .cloned();
 
     // A Machine that status says is Ready, with its Node Ready and nothing
-    // changed, is not visited just because this process started: its first
-    // check comes with the periodic ones, spread over the interval so a
+    // changed, is not visited just because this process started: its next
+    // check is one interval after the last one its status records. Without
+    // such a record, or when that check is overdue (the operator was down),
+    // the check comes at a point of the interval spread by name, so a
     // restart does not open a session to every host at once.
     if ctx.since_check(&name).is_none()
         && st.phase == Some(MachinePhase::Ready)
         && node_ready
         && st.observed_generation == generation
     {
-        ctx.assume_checked(&name, plan::spread(&name, ctx.settings.recheck));
+        let recheck = ctx.settings.recheck;
+        let ago = st
+            .last_checked_at
+            .as_ref()
+            .map(|t| status::age(t))
+            .filter(|ago| *ago < recheck)
+            .unwrap_or_else(|| plan::spread(&name, recheck));
+        ctx.assume_checked(&name, ago);
     }
     let visit = plan::visit(&VisitInput {
         generation,
@@ -293,16 +298,12 @@ async fn converge(
         .collect();
     let up = status::was_ready(st) && node_ready;
     let _permit = if up && !changing.is_empty() {
-        let machines = Api::<Machine>::all(ctx.client.clone())
-            .list(&Default::default())
+        let machines = rollout::list_machines(&ctx.client)
             .await
-            .map_err(Error::Kube)?
-            .items;
-        let nodes = Api::<Node>::all(ctx.client.clone())
-            .list(&Default::default())
+            .map_err(Error::Kube)?;
+        let nodes = rollout::list_nodes(&ctx.client)
             .await
-            .map_err(Error::Kube)?
-            .items;
+            .map_err(Error::Kube)?;
         let unavailable = rollout::unavailable(&machines, &nodes);
         let budget = rollout::budget(cpv.as_ref(), machines.len());
         match ctx.gate.try_admit(&name, &unavailable, budget) {
@@ -357,6 +358,7 @@ async fn converge(
     }
     result?;
     ctx.mark_checked(&name);
+    status::checked(st);
     let node = get_node(&ctx.client, &node_name).await?;
     finish_node(machine, ctx, st, node.as_ref()).await?;
     if plan::ready(node.as_ref()) {

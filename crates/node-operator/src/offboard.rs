@@ -161,7 +161,7 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
         .values()
         .map(|i| i.package_version.clone())
         .collect();
-    if let Ok((wanted, _)) = crate::machine::wanted(&ctx.client, machine).await {
+    if let Ok((wanted, _)) = crate::machine::wanted(ctx, machine).await {
         names.extend(wanted.into_iter().map(|w| w.package_version));
     }
     for pv_name in names {

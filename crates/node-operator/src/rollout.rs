@@ -120,6 +120,52 @@ pub fn node_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Every Machine, without managed fields (read in pages).
+pub async fn list_machines(client: &kube::Client) -> Result<Vec<Machine>, kube::Error> {
+    let api = kube::Api::<Machine>::all(client.clone());
+    kok_common::client::list_paged(&api, &Default::default(), |mut m: Machine| {
+        m.metadata.managed_fields = None;
+        m
+    })
+    .await
+}
+
+/// Every Node as far as availability and canary gates look at it: its name,
+/// labels and conditions (type, status, reason), read in pages. A whole Node
+/// also carries images, addresses, capacity and managed fields, which at
+/// thousands of Nodes is most of the memory a list takes.
+pub async fn list_nodes(client: &kube::Client) -> Result<Vec<Node>, kube::Error> {
+    let api = kube::Api::<Node>::all(client.clone());
+    kok_common::client::list_paged(&api, &Default::default(), slim_node).await
+}
+
+fn slim_node(node: Node) -> Node {
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let conditions = node.status.and_then(|s| s.conditions).map(|cs| {
+        cs.into_iter()
+            .map(|c| NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                reason: c.reason,
+                ..Default::default()
+            })
+            .collect()
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name,
+            labels: node.metadata.labels,
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            conditions,
+            ..Default::default()
+        }),
+    }
+}
+
 /// Whether `machine` counts against the disruption budget: it is changing or
 /// broken (Provisioning, Upgrading, Repairing, Failed), or it has a Node that is
 /// not Ready or gone. `node` is the Machine's Node if it exists.

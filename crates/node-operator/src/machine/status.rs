@@ -77,6 +77,17 @@ pub fn is_true(status: &MachineStatus, type_: &str) -> bool {
     conditions::is_true(&status.conditions, type_)
 }
 
+/// Records that the host was just visited and is as declared.
+pub fn checked(status: &mut MachineStatus) {
+    status.last_checked_at = Some(Time(Timestamp::now()));
+}
+
+/// Time since `t`; none for a time in the future (another clock ahead).
+pub fn age(t: &Time) -> std::time::Duration {
+    let ms = Timestamp::now().as_millisecond() - t.0.as_millisecond();
+    std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
 /// Starts recording an operation.
 pub fn begin(status: &mut MachineStatus, step: impl Into<String>) {
     status.last_operation = Some(LastOperation {
@@ -174,5 +185,18 @@ mod tests {
         assert_eq!(op.started_at, started);
         assert_eq!(op.result, OperationResult::Succeeded);
         assert_eq!(op.output_tail, None);
+    }
+
+    #[test]
+    fn age_of_a_check() {
+        let mut s = MachineStatus::default();
+        checked(&mut s);
+        let at = s.last_checked_at.clone().unwrap();
+        assert!(age(&at) < std::time::Duration::from_secs(5));
+        let hour_ago = Time(Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(3600));
+        let a = age(&hour_ago).as_secs();
+        assert!((3599..=3601).contains(&a), "{a}");
+        let ahead = Time(Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(60));
+        assert_eq!(age(&ahead), std::time::Duration::ZERO);
     }
 }
