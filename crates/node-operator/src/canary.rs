@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::Stream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -1217,7 +1218,7 @@ fn error_policy(release: Arc<CanaryRelease>, error: &Error, _ctx: Arc<Context>) 
 
 /// Run the CanaryRelease controller until shutdown. A change of a Machine a
 /// release claims reconciles that release.
-pub async fn run(client: Client) {
+pub async fn run(client: Client, changes: impl Stream<Item = Arc<Machine>> + Send + 'static) {
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), Reporter::from("node-operator")),
@@ -1226,11 +1227,9 @@ pub async fn run(client: Client) {
         Api::<CanaryRelease>::all(client.clone()),
         watcher::Config::default(),
     )
-    .watches(
-        Api::<Machine>::all(client.clone()),
-        watcher::Config::default(),
-        |m: Machine| rollout::canary_claim(&m).map(ObjectRef::<CanaryRelease>::new),
-    );
+    .watches_shared_stream(changes, |m: Arc<Machine>| {
+        rollout::canary_claim(&m).map(ObjectRef::<CanaryRelease>::new)
+    });
     kok_common::controller::run(
         "canaryrelease",
         controller,

@@ -6,7 +6,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt as _};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -143,8 +143,13 @@ impl Context {
         &self,
         name: &str,
     ) -> Result<Option<ClusterPackageVersion>, Error> {
+        // Not awaited: the store's ready signal wakes only one of several
+        // waiters, and a reconcile left waiting would hold its Machine.
         if let Some(c) = self.caches.get()
-            && c.defaults.wait_until_ready().await.is_ok()
+            && c.defaults
+                .wait_until_ready()
+                .now_or_never()
+                .is_some_and(|r| r.is_ok())
         {
             return Ok(c.defaults.get(&ObjectRef::new(name)).map(|d| (*d).clone()));
         }
@@ -320,29 +325,70 @@ pub async fn run_with(
     remediations: Remediations,
 ) {
     let ctx = Arc::new(Context::new(client.clone(), settings, remediations));
-    futures::join!(
-        machines(&client, concurrency, &ctx),
-        crate::cpv::run(client.clone()),
-        crate::canary::run(client.clone()),
-    );
-}
-
-/// The Machine controller: Machines, their Nodes (by the Machine label the
-/// Node carries, else by name) and the cluster default versions.
-async fn machines(client: &Client, concurrency: u16, ctx: &Arc<Context>) {
-    let config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    // The cache keeps every Machine; their managed fields (a map of every
-    // field each writer owns) are most of a Machine's size and are never read.
+    // One watch of the Machines feeds all three controllers, and one cache
+    // keeps them (without managed fields: a map of every field each writer
+    // owns, most of a Machine's size and never read). Each change goes to
+    // every controller once the cache has it, deletions included.
     let (store, writer) = reflector::store();
-    let watched = watcher(
+    let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..3)
+        .map(|_| tokio::sync::mpsc::channel::<Arc<Machine>>(SHARED_BUFFER))
+        .unzip();
+    let mut changes = || {
+        let rx = receivers.remove(0);
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+    };
+    let (for_machines, for_cpv, for_canary) = (changes(), changes(), changes());
+    let watch = watcher(
         Api::<Machine>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .modify(|m: &mut Machine| m.metadata.managed_fields = None)
     .reflect(writer)
-    .touched_objects();
-    let controller = Controller::for_stream(watched, store.clone());
+    .touched_objects()
+    .for_each(|event| {
+        let senders = senders.clone();
+        async move {
+            match event {
+                Ok(machine) => {
+                    let machine = Arc::new(machine);
+                    for tx in &senders {
+                        let _ = tx.send(machine.clone()).await;
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "watching Machines"),
+            }
+        }
+    });
+    let controllers = async {
+        futures::join!(
+            machines(&client, concurrency, &ctx, store.clone(), for_machines),
+            crate::cpv::run(client.clone(), store, for_cpv),
+            crate::canary::run(client.clone(), for_canary),
+        );
+    };
+    // The watch runs for as long as the controllers do: they stop on
+    // SIGTERM/SIGINT, and the process with them.
+    tokio::select! {
+        () = controllers => {}
+        () = watch => {}
+    }
+}
+
+/// Machine changes a controller may fall behind on before the watch waits.
+const SHARED_BUFFER: usize = 1024;
+
+/// The Machine controller: Machines, their Nodes (by the Machine label the
+/// Node carries, else by name) and the cluster default versions.
+async fn machines(
+    client: &Client,
+    concurrency: u16,
+    ctx: &Arc<Context>,
+    store: Store<Machine>,
+    changes: impl Stream<Item = Arc<Machine>> + Send + 'static,
+) {
+    let config = kube::runtime::controller::Config::default().concurrency(concurrency);
+    let controller = Controller::for_shared_stream(changes, store.clone());
     let (defaults, defaults_writer) = reflector::store();
     let (package_versions, pv_writer) = reflector::store();
     // PackageVersions only fill the cache (one not in it yet is read from

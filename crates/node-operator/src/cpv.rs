@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::Stream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -15,7 +16,7 @@ use kok_common::conditions::{self, Desired};
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::machine::MachinePhase;
@@ -111,8 +112,12 @@ impl Summary {
 }
 
 /// Summarise `machines` (with the cluster's `nodes`) against the defaults.
-pub fn summarize(cpv: &ClusterPackageVersion, machines: &[Machine], nodes: &[Node]) -> Summary {
-    let unavailable = rollout::unavailable(machines, nodes);
+pub fn summarize<'a>(
+    cpv: &ClusterPackageVersion,
+    machines: impl IntoIterator<Item = &'a Machine> + Clone,
+    nodes: &[Node],
+) -> Summary {
+    let unavailable = rollout::unavailable(machines.clone(), nodes);
     let mut summary = Summary::default();
     for pkg in cpv.spec.packages.keys() {
         summary.packages.insert(pkg.clone(), (0, 0));
@@ -217,6 +222,8 @@ pub struct Context {
     pub client: Client,
     /// Publishes Events on the ClusterPackageVersion.
     pub recorder: Recorder,
+    /// The watched Machines (updated before a change of one wakes the summary).
+    pub machines: Store<Machine>,
     /// When the last summary started (see [`SUMMARY_INTERVAL`]).
     pub last_pass: std::sync::Mutex<Option<std::time::Instant>>,
 }
@@ -261,11 +268,14 @@ pub async fn reconcile(
         .into_iter()
         .map(|pv| (pv.name_any(), pv))
         .collect();
-    let machines = rollout::list_machines(client).await.map_err(Error::Kube)?;
+    if !kok_common::health::wait_until_ready(&ctx.machines).await {
+        return Ok(Action::await_change());
+    }
+    let machines = ctx.machines.state();
     let nodes = rollout::list_nodes(client).await.map_err(Error::Kube)?;
 
     let problems = invalid_defaults(&cpv, &pvs);
-    let summary = summarize(&cpv, &machines, &nodes);
+    let summary = summarize(&cpv, machines.iter().map(AsRef::as_ref), &nodes);
     let status = build_status(&cpv, &problems, &summary, Timestamp::now());
 
     let before = cpv.status.clone().unwrap_or_default();
@@ -320,21 +330,24 @@ fn transitions(before: &[Condition], after: &[Condition]) -> Vec<(String, bool)>
 /// Run the ClusterPackageVersion controller until shutdown. It reconciles the
 /// one ClusterPackageVersion on any change of it, a Machine or a
 /// PackageVersion.
-pub async fn run(client: Client) {
+pub async fn run(
+    client: Client,
+    machines: Store<Machine>,
+    changes: impl Stream<Item = Arc<Machine>> + Send + 'static,
+) {
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), Reporter::from("node-operator")),
+        machines,
         last_pass: Default::default(),
     });
     let controller = Controller::new(
         Api::<ClusterPackageVersion>::all(client.clone()),
         watcher::Config::default(),
     )
-    .watches(
-        Api::<Machine>::all(client.clone()),
-        watcher::Config::default(),
-        |_: Machine| Some(ObjectRef::<ClusterPackageVersion>::new(NAME)),
-    )
+    .watches_shared_stream(changes, |_: Arc<Machine>| {
+        Some(ObjectRef::<ClusterPackageVersion>::new(NAME))
+    })
     .watches(
         Api::<PackageVersion>::all(client.clone()),
         watcher::Config::default(),

@@ -261,7 +261,7 @@ async fn converge(
         let ago = st
             .last_checked_at
             .as_ref()
-            .map(|t| status::age(t))
+            .map(status::age)
             .filter(|ago| *ago < recheck)
             .unwrap_or_else(|| plan::spread(&name, recheck));
         ctx.assume_checked(&name, ago);
@@ -279,6 +279,7 @@ async fn converge(
         failed: status::failed(st),
     });
     if let Visit::NotNow(after) = visit {
+        tracing::debug!(machine = %name, next_check_in = ?after, "nothing to do on the host now");
         finish_node(machine, ctx, st, node.as_ref()).await?;
         return Ok(Action::requeue(after));
     }
