@@ -328,7 +328,8 @@ pub async fn run_with(
     // One watch of the Machines feeds all three controllers, and one cache
     // keeps them (without managed fields: a map of every field each writer
     // owns, most of a Machine's size and never read). Each change goes to
-    // every controller once the cache has it, deletions included.
+    // the controllers once the cache has it (senders: Machine controller,
+    // summary, CanaryRelease).
     let (store, writer) = reflector::store();
     let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..3)
         .map(|_| tokio::sync::mpsc::channel::<Arc<Machine>>(SHARED_BUFFER))
@@ -345,18 +346,21 @@ pub async fn run_with(
     .default_backoff()
     .modify(|m: &mut Machine| m.metadata.managed_fields = None)
     .reflect(writer)
-    .touched_objects()
     .for_each(|event| {
         let senders = senders.clone();
         async move {
-            match event {
-                Ok(machine) => {
-                    let machine = Arc::new(machine);
-                    for tx in &senders {
-                        let _ = tx.send(machine.clone()).await;
-                    }
-                }
-                Err(error) => tracing::warn!(%error, "watching Machines"),
+            // A deleted Machine wakes the summary and its CanaryRelease; the
+            // Machine controller, which has nothing left to reconcile, is
+            // not told.
+            let (machine, to) = match event {
+                Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => (m, &senders[..]),
+                Ok(watcher::Event::Delete(m)) => (m, &senders[1..]),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => return,
+                Err(error) => return tracing::warn!(%error, "watching Machines"),
+            };
+            let machine = Arc::new(machine);
+            for tx in to {
+                let _ = tx.send(machine.clone()).await;
             }
         }
     });
