@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use kok_testenv::kube_env::{KubeEnv, Options};
+use kok_testenv::operator_http::{logged_port, scrape, sum};
 use kube::api::{Api, ListParams, PostParams};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ClusterMode;
@@ -52,6 +53,8 @@ struct Sample {
     cpu_s: f64,
     idle_rss_mib: f64,
     peak_rss_mib: f64,
+    /// Cluster reconciles the operator counted (`kok_reconciles_total`).
+    reconciles: f64,
 }
 
 impl Sample {
@@ -60,6 +63,12 @@ impl Sample {
     }
     fn cpu_ms_per_cluster(&self) -> f64 {
         self.cpu_s * 1000.0 / self.clusters as f64
+    }
+    fn reconciles_per_cluster(&self) -> f64 {
+        self.reconciles / self.clusters as f64
+    }
+    fn cpu_ms_per_reconcile(&self) -> f64 {
+        self.cpu_s * 1000.0 / self.reconciles.max(1.0)
     }
 }
 
@@ -73,11 +82,12 @@ pub async fn run(args: Args) -> Result<()> {
         for run in 0..args.runs {
             let sample = one_run(&args, &operator, n, mode).await?;
             eprintln!(
-                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, rss idle {:.1} MiB peak {:.1} MiB",
+                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles, rss idle {:.1} MiB peak {:.1} MiB",
                 run + 1,
                 args.runs,
                 sample.seconds,
                 sample.cpu_s,
+                sample.reconciles,
                 sample.idle_rss_mib,
                 sample.peak_rss_mib
             );
@@ -120,6 +130,18 @@ fn plots(args: &Args, samples: &[Sample], dir: &std::path::Path) -> Result<()> {
             },
         ),
         (
+            "fleet-reconciles.svg",
+            Chart {
+                title: format!("Reconciles per {} Cluster (median)", args.mode),
+                x_label: "Clusters applied at once".into(),
+                y_label: "reconciles per Cluster until converged".into(),
+                series: vec![Series {
+                    label: "kube-on-kube-operator".into(),
+                    points: medians(args, samples, Sample::reconciles_per_cluster),
+                }],
+            },
+        ),
+        (
             "fleet-memory.svg",
             Chart {
                 title: format!("Operator memory per {} Cluster (median)", args.mode),
@@ -150,12 +172,15 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
     .context("start the meta-cluster")?;
     let client = env.client().await;
     let ns = env.namespace("fleet").await;
-    let log = std::fs::File::create(env.log_dir().join("kube-on-kube-operator.log"))?;
+    let log_path = env.log_dir().join("kube-on-kube-operator.log");
+    let log = std::fs::File::create(&log_path)?;
     let mut child = Command::new(operator)
         .arg("--kubeconfig")
         .arg(env.kubeconfig_path())
         .arg("--namespace")
         .arg(&ns)
+        // Its metrics count the reconciles; the port it binds is in its log.
+        .arg("--http-address=127.0.0.1:0")
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
         .spawn()
@@ -165,6 +190,13 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
         // Connected and idle: the baseline every Cluster adds to.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let idle = proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
+        let port = logged_port(&log_path)
+            .with_context(|| format!("no HTTP address in {}", log_path.display()))?;
+        let reconciles = || -> Result<f64> {
+            let metrics = scrape(port).context("scrape the operator's /metrics")?;
+            Ok(sum(&metrics, "kok_reconciles_total{controller=\"cluster\""))
+        };
+        let reconciles_before = reconciles()?;
         let cpu_before = cpu_seconds(pid)?;
         let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
         let started = Instant::now();
@@ -195,6 +227,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
             cpu_s: cpu_seconds(pid)? - cpu_before,
             idle_rss_mib: idle,
             peak_rss_mib: proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0,
+            reconciles: reconciles()? - reconciles_before,
         })
     }
     .await;
@@ -281,16 +314,18 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|\n",
+        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | reconciles per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.mode, args.runs
     );
     for (i, &n) in args.clusters.iter().enumerate() {
         let of = |f: fn(&Sample) -> f64| medians(args, samples, f)[i].1;
         out.push_str(&format!(
-            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.2} |\n",
+            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
             of(|s| s.seconds),
             of(|s| s.cpu_s),
             of(Sample::cpu_ms_per_cluster),
+            of(Sample::reconciles_per_cluster),
+            of(Sample::cpu_ms_per_reconcile),
             of(|s| s.peak_rss_mib),
             of(Sample::mib_per_cluster),
         ));

@@ -1,6 +1,7 @@
 //! Exponential backoff for work that keeps failing: a delay that doubles with
 //! each consecutive failure up to a ceiling, and a per-key record of it for
-//! controllers that must not retry a failing object on every wake-up.
+//! controllers that must not retry a failing object on every wake-up; and
+//! [`Poll`], a look-again interval that slows down while nothing changes.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -95,6 +96,62 @@ impl<T: Clone> Backoff<T> {
     }
 }
 
+/// How soon to look again at an object that is still converging, when part of
+/// its progress reaches the controller through no watch (an etcd member
+/// starting to answer, say): `first` after a reconcile that saw its observed
+/// state change, doubling with each reconcile in a row that saw the same
+/// state, up to `max`. Watched changes wake the controller sooner anyway, so
+/// an object that waits a long time on something slow (a scheduler with a
+/// queue, an image pull) costs a few looks rather than one every `first`.
+#[derive(Debug)]
+pub struct Poll {
+    first: Duration,
+    max: Duration,
+    /// Per key: the last state seen and how many reconciles in a row saw it.
+    entries: Mutex<HashMap<String, (u64, u32)>>,
+}
+
+impl Poll {
+    /// Look again after `first`, doubling while nothing changes, up to `max`.
+    pub fn new(first: Duration, max: Duration) -> Self {
+        Poll {
+            first,
+            max,
+            entries: Mutex::default(),
+        }
+    }
+
+    /// Records that a reconcile of `key` observed the state `seen` (a hash of
+    /// what it reports) and returns the wait before the next look.
+    pub fn next(&self, key: &str, seen: u64) -> Duration {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let repeats = match entries.get(key) {
+            Some(&(last, repeats)) if last == seen => repeats.saturating_add(1),
+            _ => 0,
+        };
+        entries.insert(key.to_string(), (seen, repeats));
+        delay(repeats.saturating_add(1), self.first, self.max)
+    }
+
+    /// Forgets the key: it converged, or is gone.
+    pub fn forget(&self, key: &str) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    /// Keys tracked (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +186,25 @@ mod tests {
         b.succeeded("a");
         assert!(b.waiting("a", Some(2)).is_none());
         assert_eq!(b.failed("a", Some(2), counted).0, "1 10");
+    }
+
+    #[test]
+    fn a_poll_slows_while_nothing_changes_and_restarts_on_a_change() {
+        let p = Poll::new(Duration::from_secs(5), Duration::from_secs(60));
+        let secs = |d: Duration| d.as_secs();
+        assert_eq!(secs(p.next("a", 1)), 5);
+        assert_eq!(secs(p.next("a", 1)), 10);
+        assert_eq!(secs(p.next("a", 1)), 20);
+        // Another key is counted on its own.
+        assert_eq!(secs(p.next("b", 1)), 5);
+        assert_eq!(secs(p.next("a", 1)), 40);
+        assert_eq!(secs(p.next("a", 1)), 60);
+        assert_eq!(secs(p.next("a", 1)), 60);
+        // Progress: back to the first interval.
+        assert_eq!(secs(p.next("a", 2)), 5);
+        assert_eq!(secs(p.next("a", 2)), 10);
+        p.forget("a");
+        assert_eq!(p.len(), 1);
+        assert_eq!(secs(p.next("a", 2)), 5);
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kok_common::backoff::Backoff;
+use kok_common::backoff::{Backoff, Poll};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -41,6 +41,11 @@ const IDLE_RECHECK: Duration = Duration::from_secs(3600);
 /// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
 const ADDON_RETRY_FIRST: Duration = Duration::from_secs(10);
 const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// A converging Cluster is looked at again this soon after its status
+/// changed, doubling while it does not, up to [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_secs(5);
+const POLL_MAX: Duration = Duration::from_secs(60);
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
@@ -86,6 +91,8 @@ pub struct Context {
     /// every reconcile (an unreachable business API would otherwise be dialled
     /// each time anything of the Cluster changes).
     pub addon_backoff: Backoff<addons::Report>,
+    /// How soon converging Clusters are looked at again (see [`Poll`]).
+    pub polls: Poll,
 }
 
 impl Context {
@@ -96,6 +103,7 @@ impl Context {
             recorder,
             config,
             addon_backoff: Backoff::new(ADDON_RETRY_FIRST, ADDON_RETRY_MAX),
+            polls: Poll::new(POLL_FIRST, POLL_MAX),
         }
     }
 }
@@ -542,16 +550,15 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
     kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
-    // Requeue soon while converging; certificates are re-checked at least
-    // hourly, and when the first one is due for renewal (which, with a short
-    // validity, can be sooner than anything else would wake the reconcile).
+    // Certificates are re-checked at least hourly, and when the first one is
+    // due for renewal (which, with a short validity, can be sooner than
+    // anything else would wake the reconcile).
     let idle = expiry.map_or(IDLE_RECHECK, |at| {
         secrets::until_renewal(at, renew_before, OffsetDateTime::now_utc())
             .clamp(Duration::from_secs(1), IDLE_RECHECK)
     });
     // A control plane that is ready but for its failing add-ons waits for
-    // their next attempt; anything else still converging is looked at again
-    // soon (changes of its objects wake it sooner).
+    // their next attempt.
     let only_addons_wait = addons_wait.filter(|_| {
         status
             .conditions
@@ -562,15 +569,36 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             })
             .all(|c| c.status == "True")
     });
+    // Anything else still converging is looked at again soon, and less often
+    // while its status stays the same (changes of its objects wake it at once).
+    let key = format!("{ns}/{}", names.cluster);
+    let converging = !etcd_report.settled || (!ready && only_addons_wait.is_none());
+    if !converging {
+        ctx.polls.forget(&key);
+    }
     Ok(Action::requeue(if let Some(soon) = etcd_report.requeue {
         soon.min(idle)
-    } else if ready {
-        idle
+    } else if converging {
+        ctx.polls.next(&key, fingerprint(&status)).min(idle)
     } else if let Some(wait) = only_addons_wait {
         wait.max(Duration::from_secs(1)).min(idle)
     } else {
-        Duration::from_secs(10).min(idle)
+        idle
     }))
+}
+
+/// A hash of what a status reports, without its timestamps: equal while a
+/// converging Cluster makes no visible progress.
+fn fingerprint(status: &kube_on_kube_api::cluster::ClusterStatus) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for c in &status.conditions {
+        (&c.type_, &c.status, &c.reason, &c.message).hash(&mut hasher);
+    }
+    serde_json::to_string(&status.components)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Replace the Cluster's finalizers, as long as it has not changed since it
@@ -629,6 +657,9 @@ where
 /// Every step is best effort: what it cannot do, garbage collection does at
 /// its own pace, and the finalizer is removed regardless.
 async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Action, Error> {
+    let key = format!("{}/{}", names.namespace, names.cluster);
+    ctx.polls.forget(&key);
+    ctx.addon_backoff.succeeded(&key);
     if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
         return Ok(Action::await_change());
     }

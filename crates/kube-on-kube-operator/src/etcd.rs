@@ -90,7 +90,8 @@ pub struct Report {
     pub settled: bool,
     /// The member Pods after this step.
     pub pods: Vec<Pod>,
-    /// When to look again, sooner than usual while a change is under way.
+    /// When to look again while a membership change or roll is under way;
+    /// `None` otherwise (the Cluster's own poll covers an unsettled etcd).
     pub requeue: Option<Duration>,
 }
 
@@ -563,14 +564,11 @@ pub async fn reconcile(
         )
         .await;
     }
-    let requeue =
-        if acted || deferred.is_some() || matches!(step, Step::Wait { .. }) && live.is_some() {
-            Some(Duration::from_secs(2))
-        } else if !report.settled {
-            Some(Duration::from_secs(5))
-        } else {
-            None
-        };
+    // While a change is under way the members are asked again soon; an
+    // unsettled etcd that waits on nothing the operator does is looked at
+    // with the rest of the converging Cluster.
+    let requeue = (acted || deferred.is_some() || matches!(step, Step::Wait { .. }) && live.is_some())
+        .then_some(Duration::from_secs(2));
     Ok(Report { requeue, ..report })
 }
 

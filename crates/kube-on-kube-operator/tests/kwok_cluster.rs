@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ClusterMode;
@@ -242,4 +243,115 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
         "cluster objects collected {:?} after delete",
         started.elapsed()
     );
+}
+
+/// A Cluster waiting on something no watch reports progress of is looked at
+/// again less and less often while its status stays the same, and soon again
+/// once it changes: its Pods select a node label no node has, so they stay
+/// Pending, until a node gets that label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kwok-poll").await;
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        Config::default(),
+    ));
+    let label = format!("kubeonkube.io/test-poll-{ns}");
+    let mut cluster = example(ClusterMode::Minimal, &ns, "stuck");
+    cluster.spec.placement = Some(kube_on_kube_api::cluster::Placement {
+        node_selector: [(label.clone(), "yes".to_string())].into(),
+        tolerations: Vec::new(),
+    });
+    let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &cluster)
+        .await
+        .expect("create");
+
+    let pass = || async {
+        let cluster = api.get("stuck").await.expect("get");
+        reconcile(Arc::new(cluster), ctx.clone())
+            .await
+            .expect("reconcile")
+    };
+    let secs = |s: u64| Action::requeue(Duration::from_secs(s));
+    let mut waits = Vec::new();
+    for _ in 0..10 {
+        waits.push(pass().await);
+    }
+    println!("waits while stuck: {waits:?}");
+    // The first passes create the objects (the status changes, and the
+    // next look is 5 s away); from the last change on, each pass that sees
+    // the same status waits twice as long, up to a minute.
+    let last_change = waits
+        .iter()
+        .rposition(|w| *w == secs(5))
+        .expect("a first look after 5s");
+    assert!(last_change <= 4, "the status kept changing: {waits:?}");
+    let expected: Vec<Action> = [5, 10, 20, 40]
+        .into_iter()
+        .chain(std::iter::repeat(60))
+        .take(waits.len() - last_change)
+        .map(secs)
+        .collect();
+    assert_eq!(waits[last_change..], expected[..], "{waits:?}");
+
+    // Progress: a node the Pods can run on. The first pass that sees the
+    // status change looks again soon (or, once Ready, only when
+    // certificates are due).
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = serde_json::json!({"metadata": {"labels": {label.as_str(): "yes"}}});
+    nodes
+        .patch("kwok-node-0", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("label a node");
+    let conditions = |c: &Cluster| {
+        c.status
+            .as_ref()
+            .map(|s| {
+                s.conditions
+                    .iter()
+                    .map(|c| (c.type_.clone(), c.status.clone(), c.message.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let before = conditions(&api.get("stuck").await.expect("get"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (after, wait) = loop {
+        let wait = pass().await;
+        let after = api.get("stuck").await.expect("get");
+        if conditions(&after) != before {
+            break (after, wait);
+        }
+        assert!(Instant::now() < deadline, "no progress in 60s: {before:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let nodes_cleanup = serde_json::json!({"metadata": {"labels": {label.as_str(): null}}});
+    let _ = nodes
+        .patch("kwok-node-0", &PatchParams::default(), &Patch::Merge(&nodes_cleanup))
+        .await;
+    if condition(&after, "Ready").as_deref() == Some("True") {
+        let polls = [5, 10, 20, 40, 60].map(secs);
+        assert!(!polls.contains(&wait), "a ready Cluster is polled: {wait:?}");
+    } else {
+        // 5 s: the poll starts over; 2 s: etcd's own step is under way;
+        // 10 s: all but the add-ons is ready, and their first retry is due.
+        assert!(
+            [secs(2), secs(5), secs(10)].contains(&wait),
+            "{wait:?} after a change: {:#?}",
+            after.status
+        );
+    }
+    api.delete("stuck", &DeleteParams::background())
+        .await
+        .expect("delete");
 }

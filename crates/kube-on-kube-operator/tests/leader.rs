@@ -6,14 +6,13 @@
 //! values, and the log filter can be changed at run time.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::operator_http::{http, logged_port, parse_metrics, sum};
 use kok_testenv::wait::wait_for;
 use kube::api::{Api, PostParams};
 use kube_on_kube_api::Cluster;
@@ -51,11 +50,7 @@ impl Replica {
 
     /// The port the replica serves HTTP on, once it logged it.
     fn port(&self) -> Option<u16> {
-        let log = std::fs::read_to_string(&self.log).ok()?;
-        let plain = strip_ansi(&log);
-        let line = plain.lines().find(|l| l.contains("serving /healthz"))?;
-        let address = line.split("address=").nth(1)?.split_whitespace().next()?;
-        address.rsplit(':').next()?.parse().ok()
+        logged_port(&self.log)
     }
 
     fn get(&self, path: &str) -> Option<(u16, String)> {
@@ -105,62 +100,6 @@ impl Drop for Replica {
             eprintln!("{} log: {}", self.name, self.log.display());
         }
     }
-}
-
-/// `text` without terminal colour sequences (ESC `[` … letter).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// One HTTP/1.1 request; `None` when nothing listens (yet).
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// `name{labels}` -> value of every sample.
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn sum(metrics: &BTreeMap<String, f64>, prefix: &str) -> f64 {
-    metrics
-        .iter()
-        .filter(|(k, _)| k.starts_with(prefix))
-        .map(|(_, v)| v)
-        .sum()
 }
 
 async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {

@@ -589,6 +589,7 @@ mod operator {
     use tokio::task::JoinHandle;
 
     use super::out;
+    use kok_testenv::operator_http::strip_ansi;
 
     /// Both operators shut down on SIGTERM within a second or two; beyond this
     /// one is stuck and gets SIGKILL.
@@ -733,33 +734,11 @@ mod operator {
             out(&format!("[{name}] {text}\n"));
         }
     }
-
-    /// `text` without terminal colour sequences (`ESC [ … final-byte`), which
-    /// the operators emit when this program's stdout is a terminal but which
-    /// have no place in a log file.
-    pub(crate) fn strip_ansi(text: &str) -> String {
-        let mut plain = String::with_capacity(text.len());
-        let mut chars = text.chars();
-        while let Some(c) = chars.next() {
-            if c != '\u{1b}' {
-                plain.push(c);
-                continue;
-            }
-            if chars.next() == Some('[') {
-                for c in chars.by_ref() {
-                    if ('@'..='~').contains(&c) {
-                        break;
-                    }
-                }
-            }
-        }
-        plain
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::operator::strip_ansi;
+    use kok_testenv::operator_http::strip_ansi;
 
     #[test]
     fn strips_colour_sequences() {
