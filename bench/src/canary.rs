@@ -14,7 +14,10 @@
 //!   fails: time from the first failed health check on any host to the
 //!   release being Halted.
 //!
-//! Ansible does the same on fresh hosts: the install of provision.yml, then
+//! Ansible does the same on fresh hosts: the first versions installed (by
+//! node-operator's installer, which leaves the same files as provision.yml,
+//! checked on every host; or by provision.yml itself with
+//! `--ansible-provision`, which takes about 18 minutes on 200 hosts), then
 //! upgrade.yml with `serial` equal to `maxUnavailable`, then the broken
 //! version with `max_fail_percentage: 0` (time from the first failed health
 //! check to the play ending). Both tools run the same health check, which
@@ -41,7 +44,7 @@ use serde_json::json;
 
 use crate::measure::median;
 use crate::packages::{self, HEALTH_FAILURES, Package};
-use crate::provision::{default_playbook, playbook};
+use crate::provision::{default_playbook, install_all, playbook};
 
 const MANAGER: &str = "kok-bench";
 const SSH_KEY_SECRET: &str = "node-ssh-key";
@@ -74,6 +77,12 @@ pub struct Args {
     /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one).
     #[arg(long, env = "ANSIBLE_PLAYBOOK")]
     pub ansible_playbook: Option<PathBuf>,
+    /// Install the first versions on Ansible's hosts with provision.yml and
+    /// report its time, rather than with node-operator's installer (the same
+    /// files on the hosts, in a fraction of the time). Provisioning itself is
+    /// compared by `kok-bench provision`.
+    #[arg(long)]
+    pub ansible_provision: bool,
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -82,7 +91,8 @@ pub struct Args {
 /// What one tool did in one run.
 #[derive(Debug, Default, Clone)]
 struct Sample {
-    provision_s: f64,
+    /// Not measured for Ansible without `--ansible-provision`.
+    provision_s: Option<f64>,
     upgrade_s: f64,
     most_unavailable: usize,
     halt_s: f64,
@@ -104,7 +114,7 @@ pub async fn run(args: Args) -> Result<()> {
                 eprintln!("run {}/{} node-operator: {s:?}", run + 1, args.runs);
                 ours.push(s);
             } else {
-                let s = ansible(&args, &playbook_bin)?;
+                let s = ansible(&args, &playbook_bin).await?;
                 eprintln!("run {}/{} ansible: {s:?}", run + 1, args.runs);
                 theirs.push(s);
             }
@@ -243,10 +253,11 @@ async fn drive(
     }
     let kubelet_v1 = defaults.get("kubelet").context("no default kubelet")?;
     wait_machines(&machines, child, kubelet_v1, timeout, None).await?;
-    sample.provision_s = t.elapsed().as_secs_f64();
+    let provision_s = t.elapsed().as_secs_f64();
+    sample.provision_s = Some(provision_s);
     eprintln!(
-        "node-operator: {} Machines provisioned in {:.1}s",
-        args.hosts, sample.provision_s
+        "node-operator: {} Machines provisioned in {provision_s:.1}s",
+        args.hosts
     );
 
     // The cluster default moves to the next kubelet.
@@ -496,21 +507,33 @@ async fn ssh_key(client: &Client, hosts: &TestHosts) -> Result<()> {
     .await
 }
 
-fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
+async fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
     let hosts = hosts(args.hosts)?;
     let v1 = packages::build(&hosts, "1.0.0", args.payload_mib)?;
     let v2 = packages::build_kubelet(&hosts, "2.0.0", args.payload_mib, false)?;
     let broken = packages::build_kubelet(&hosts, "3.0.0", args.payload_mib, true)?;
     let mut sample = Sample::default();
 
-    let vars = json!({"packages": v1.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()});
-    let run = playbook(&hosts, "provision.yml", &vars, args.parallel, playbook_bin)?;
-    run.succeeded()?;
-    sample.provision_s = run.cost.wall_s;
-    eprintln!(
-        "ansible: {} hosts provisioned in {:.1}s",
-        args.hosts, sample.provision_s
-    );
+    if args.ansible_provision {
+        let vars = json!({"packages": v1.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()});
+        let run = playbook(&hosts, "provision.yml", &vars, args.parallel, playbook_bin)?;
+        run.succeeded()?;
+        sample.provision_s = Some(run.cost.wall_s);
+        eprintln!(
+            "ansible: {} hosts provisioned in {:.1}s",
+            args.hosts, run.cost.wall_s
+        );
+    } else {
+        let cost = install_all(&hosts, &v1, args.parallel).await?;
+        eprintln!(
+            "ansible: {} hosts prepared with node-operator's installer in {:.1}s",
+            args.hosts, cost.wall_s
+        );
+    }
+    // Either way, the upgrade starts from the same files on every host.
+    for host in hosts.hosts() {
+        packages::check_host(host, "1.0.0").context("the first versions")?;
+    }
 
     let serial = batch_size(&args.max_unavailable, args.hosts);
     let upgrade = |pkg: &Package, max_fail_percentage: u32| {
@@ -553,6 +576,14 @@ fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
     let pick = |samples: &[Sample], f: &dyn Fn(&Sample) -> f64| {
         median(&samples.iter().map(f).collect::<Vec<_>>())
     };
+    let provision = |samples: &[Sample]| {
+        let measured: Vec<f64> = samples.iter().filter_map(|s| s.provision_s).collect();
+        if measured.is_empty() {
+            "–".to_string()
+        } else {
+            format!("{:.1}", median(&measured))
+        }
+    };
     let mut out = format!(
         "\n### Upgrade throughput and halting a bad version: {} hosts, maxUnavailable {} ({} hosts), median of {} runs\n\n\
          | tool | provision s | upgrade s | Machines/min | most unavailable (any run) | first failure → halt s | hosts switched to the bad version |\n\
@@ -564,8 +595,8 @@ fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
     );
     for (label, s) in [("node-operator", ours), ("ansible-playbook", theirs)] {
         out.push_str(&format!(
-            "| {label} | {:.1} | {:.1} | {:.0} | {} | {:.1} | {:.0} |\n",
-            pick(s, &|s| s.provision_s),
+            "| {label} | {} | {:.1} | {:.0} | {} | {:.1} | {:.0} |\n",
+            provision(s),
             pick(s, &|s| s.upgrade_s),
             pick(s, &per_min),
             s.iter()
@@ -583,17 +614,18 @@ fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
     ));
     out.push_str(
         "\nnode-operator provisions through its Machine controller (bootstrap token, Node \
-         registration); Ansible's provision is the bare install. `most unavailable` for Ansible \
-         is its `serial`.\n\nAll runs:\n\n\
+         registration); Ansible's provision, when measured (`--ansible-provision`), is the bare \
+         install; otherwise its hosts start from the same files installed by node-operator's \
+         installer. `most unavailable` for Ansible is its `serial`.\n\nAll runs:\n\n\
          | run | tool | provision s | upgrade s | most unavailable | first failure → halt s | switched to the bad version |\n\
          |---:|---|---:|---:|---:|---:|---:|\n",
     );
     for (i, (o, t)) in ours.iter().zip(theirs).enumerate() {
         for (label, s) in [("node-operator", o), ("ansible-playbook", t)] {
             out.push_str(&format!(
-                "| {} | {label} | {:.1} | {:.1} | {} | {:.1} | {} |\n",
+                "| {} | {label} | {} | {:.1} | {} | {:.1} | {} |\n",
                 i + 1,
-                s.provision_s,
+                provision(std::slice::from_ref(s)),
                 s.upgrade_s,
                 s.most_unavailable,
                 s.halt_s,

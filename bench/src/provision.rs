@@ -90,7 +90,7 @@ async fn one_run(tool: Tool, args: &Args, playbook_bin: &Path) -> Result<Cost> {
     let hosts = TestHosts::start(args.hosts).context("start test hosts")?;
     let packages = packages::build(&hosts, "1.0.0", args.payload_mib)?;
     let cost = match tool {
-        Tool::NodeOperator => node_operator(&hosts, &packages, args.parallel).await?,
+        Tool::NodeOperator => install_all(&hosts, &packages, args.parallel).await?,
         Tool::Ansible => ansible(&hosts, &packages, args.parallel, playbook_bin)?,
     };
     // Both tools must have done the whole job on every host.
@@ -100,7 +100,13 @@ async fn one_run(tool: Tool, args: &Args, playbook_bin: &Path) -> Result<Cost> {
     Ok(cost)
 }
 
-async fn node_operator(hosts: &TestHosts, packages: &[Package], parallel: usize) -> Result<Cost> {
+/// Installs `packages` on every host with node-operator's installer,
+/// `parallel` hosts at once, one SSH session each.
+pub(crate) async fn install_all(
+    hosts: &TestHosts,
+    packages: &[Package],
+    parallel: usize,
+) -> Result<Cost> {
     let key = hosts.client_private_key_pem();
     let timeouts = Timeouts {
         connect: Duration::from_secs(30),

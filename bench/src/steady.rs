@@ -30,6 +30,7 @@ use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
 use serde_json::json;
 
 use crate::fleet::{proc_status_kib, sibling};
+use crate::measure::median;
 use node_operator::machine::status;
 
 const MANAGER: &str = "kok-bench";
@@ -49,6 +50,11 @@ pub struct Args {
     /// Give up waiting for the first full pass after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Starts of the operator against the same Machines (each a fresh
+    /// process, as after a restart or a new leader); the table reports
+    /// medians.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -86,35 +92,44 @@ pub async fn run(args: Args) -> Result<()> {
     let baseline = requests_per_minute(&client, window).await?;
     eprintln!("API requests without the operator: {baseline:.0}/min");
 
-    let log_path = env.log_dir().join("node-operator.log");
-    let mut child = Command::new(&operator)
-        .arg("--kubeconfig")
-        .arg(env.kubeconfig_path())
-        .args([
-            "--log-format",
-            "json",
-            "--log-level",
-            "info,kok_common=debug",
-            "--http-address=127.0.0.1:0",
-            // The periodic host checks (every 5 minutes by default) are one
-            // SSH session per Machine per interval, due one interval after
-            // the check each Machine's status records (its provisioning,
-            // here). Any the operator opens during the run is counted below.
-            "--recheck-interval=1h",
-        ])
-        .stdout(Stdio::from(std::fs::File::create(&log_path)?))
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("start {}", operator.display()))?;
-    let result = measure(&args, &client, &child, &log_path, &ssh, baseline).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    let sample = result?;
-    let table = table(&args, &sample, baseline);
+    let mut samples = Vec::new();
+    for run in 0..args.runs {
+        let log_path = env.log_dir().join(format!("node-operator-{run}.log"));
+        let mut child = Command::new(&operator)
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path())
+            .args([
+                "--log-format",
+                "json",
+                "--log-level",
+                "info,kok_common=debug",
+                "--http-address=127.0.0.1:0",
+                // The periodic host checks (every 5 minutes by default) are
+                // one SSH session per Machine per interval, due one interval
+                // after the check each Machine's status records (its
+                // provisioning, here). Any the operator opens during the run
+                // is counted below.
+                "--recheck-interval=1h",
+            ])
+            .stdout(Stdio::from(std::fs::File::create(&log_path)?))
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("start {}", operator.display()))?;
+        let connections_before = ssh.count();
+        let result = measure(&args, &client, &child, &log_path, baseline).await;
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut sample = result?;
+        sample.ssh_connections = ssh.count() - connections_before;
+        eprintln!("run {}/{}: {sample:?}", run + 1, args.runs);
+        samples.push(sample);
+    }
+    let table = table(&args, &samples, baseline);
     println!("{table}");
     crate::append(args.out.as_deref(), &table)
 }
 
+#[derive(Debug)]
 struct Sample {
     full_pass_s: f64,
     peak_rss_mib: f64,
@@ -130,7 +145,6 @@ async fn measure(
     client: &Client,
     child: &Child,
     log: &std::path::Path,
-    ssh: &Counter,
     baseline: f64,
 ) -> Result<Sample> {
     let pid = child.id();
@@ -178,7 +192,8 @@ async fn measure(
     Ok(Sample {
         full_pass_s: full_pass.as_secs_f64(),
         peak_rss_mib: peak,
-        ssh_connections: ssh.count(),
+        // Counted by the caller.
+        ssh_connections: 0,
         left_ready,
         requests_per_min: (with - baseline).max(0.0),
     })
@@ -428,15 +443,32 @@ async fn requests_total(client: &Client) -> Result<f64> {
         .sum())
 }
 
-fn table(args: &Args, s: &Sample, baseline: f64) -> String {
-    format!(
-        "\n### Steady state: {} Machines at their versions with Ready kwok Nodes\n\n| first full pass s | peak RSS MiB | SSH connections | Machines visited (left Ready) | API requests/min added (baseline without operator) |\n|---:|---:|---:|---:|---:|\n| {:.1} | {:.1} | {} | {} | {:.0} ({:.0}) |\n",
+fn table(args: &Args, samples: &[Sample], baseline: f64) -> String {
+    let pick = |f: fn(&Sample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
+    let mut out = format!(
+        "\n### Steady state: {} Machines at their versions with Ready kwok Nodes, median of {} starts of the operator\n\n| first full pass s | peak RSS MiB | SSH connections | Machines visited (left Ready) | API requests/min added (baseline without operator) |\n|---:|---:|---:|---:|---:|\n| {:.1} | {:.1} | {:.0} | {:.0} | {:.0} ({:.0}) |\n",
         args.machines,
-        s.full_pass_s,
-        s.peak_rss_mib,
-        s.ssh_connections,
-        s.left_ready,
-        s.requests_per_min,
+        samples.len(),
+        pick(|s| s.full_pass_s),
+        pick(|s| s.peak_rss_mib),
+        pick(|s| s.ssh_connections as f64),
+        pick(|s| s.left_ready as f64),
+        pick(|s| s.requests_per_min),
         baseline
-    )
+    );
+    out.push_str(
+        "\nAll runs:\n\n| run | first full pass s | peak RSS MiB | SSH connections | Machines visited | API requests/min added |\n|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (i, s) in samples.iter().enumerate() {
+        out.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {} | {} | {:.0} |\n",
+            i + 1,
+            s.full_pass_s,
+            s.peak_rss_mib,
+            s.ssh_connections,
+            s.left_ready,
+            s.requests_per_min
+        ));
+    }
+    out
 }

@@ -567,8 +567,9 @@ pub async fn reconcile(
     // While a change is under way the members are asked again soon; an
     // unsettled etcd that waits on nothing the operator does is looked at
     // with the rest of the converging Cluster.
-    let requeue = (acted || deferred.is_some() || matches!(step, Step::Wait { .. }) && live.is_some())
-        .then_some(Duration::from_secs(2));
+    let requeue =
+        (acted || deferred.is_some() || matches!(step, Step::Wait { .. }) && live.is_some())
+            .then_some(Duration::from_secs(2));
     Ok(Report { requeue, ..report })
 }
 

@@ -310,7 +310,11 @@ async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = serde_json::json!({"metadata": {"labels": {label.as_str(): "yes"}}});
     nodes
-        .patch("kwok-node-0", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            "kwok-node-0",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
         .expect("label a node");
     let conditions = |c: &Cluster| {
@@ -337,11 +341,18 @@ async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
     };
     let nodes_cleanup = serde_json::json!({"metadata": {"labels": {label.as_str(): null}}});
     let _ = nodes
-        .patch("kwok-node-0", &PatchParams::default(), &Patch::Merge(&nodes_cleanup))
+        .patch(
+            "kwok-node-0",
+            &PatchParams::default(),
+            &Patch::Merge(&nodes_cleanup),
+        )
         .await;
     if condition(&after, "Ready").as_deref() == Some("True") {
         let polls = [5, 10, 20, 40, 60].map(secs);
-        assert!(!polls.contains(&wait), "a ready Cluster is polled: {wait:?}");
+        assert!(
+            !polls.contains(&wait),
+            "a ready Cluster is polled: {wait:?}"
+        );
     } else {
         // 5 s: the poll starts over; 2 s: etcd's own step is under way;
         // 10 s: all but the add-ons is ready, and their first retry is due.

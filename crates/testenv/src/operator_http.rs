@@ -18,7 +18,11 @@ pub fn logged_port(log: &Path) -> Option<u16> {
     let address = if let Ok(json) = serde_json::from_str::<serde_json::Value>(line) {
         json["address"].as_str()?.to_string()
     } else {
-        line.split("address=").nth(1)?.split_whitespace().next()?.to_string()
+        line.split("address=")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .to_string()
     };
     address.rsplit(':').next()?.parse().ok()
 }
