@@ -125,12 +125,20 @@ impl Etcd {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `n` distinct loopback ports nobody listens on right now: all are held
+/// until every one is picked, so the kernel cannot hand out one twice.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// `n` pairs of distinct ports (client, peer).
+fn port_pairs(n: usize) -> Vec<(u16, u16)> {
+    free_ports(2 * n).chunks(2).map(|p| (p[0], p[1])).collect()
 }
 
 /// name -> peer URLs, sorted, for comparing member lists.
@@ -159,7 +167,8 @@ async fn wait_healthy(client: &EtcdClient, member: &mut Etcd) {
 async fn membership_changes_on_real_etcd() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let ports: Vec<(u16, u16)> = (0..4).map(|_| (free_port(), free_port())).collect();
+    // The fifth client port is the endpoint that never answers.
+    let ports = port_pairs(5);
     let initial: Vec<String> = (0..3)
         .map(|i| format!("m{i}=https://127.0.0.1:{}", ports[i].1))
         .collect();
@@ -179,7 +188,7 @@ async fn membership_changes_on_real_etcd() {
         .collect();
 
     // The first endpoint never answers: every call must fall through to the next.
-    let dead = format!("https://127.0.0.1:{}", free_port());
+    let dead = format!("https://127.0.0.1:{}", ports[4].0);
     let mut endpoints = vec![dead];
     endpoints.extend(members.iter().map(|m| m.client_url.clone()));
     let client = EtcdClient::new(endpoints, pki.client_tls(), REQUEST).unwrap();
@@ -331,8 +340,10 @@ struct Driver<'a> {
 
 impl<'a> Driver<'a> {
     fn new(dir: &'a Path, pki: &'a Pki, count: usize) -> Self {
-        let slots: Vec<_> = (0..count)
-            .map(|i| (format!("s{i}"), (free_port(), free_port())))
+        let slots: Vec<_> = port_pairs(count)
+            .into_iter()
+            .enumerate()
+            .map(|(i, ports)| (format!("s{i}"), ports))
             .collect();
         let endpoints = slots
             .iter()
