@@ -125,12 +125,30 @@ impl Etcd {
     }
 }
 
-/// `n` distinct loopback ports nobody listens on right now: all are held
-/// until every one is picked, so the kernel cannot hand out one twice.
+/// `n` distinct loopback ports nobody listens on right now, below the
+/// kernel's ephemeral range: a member started minutes after its port was
+/// picked must still find it free, and the outgoing connections of the other
+/// members (and of this test) take their local ports from that range. All
+/// are held until every one is picked, so none is handed out twice.
 fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Below the ephemeral range (32768 and up by default); each test
+    // process starts at its own offset, and each call moves on.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20_000 + (std::process::id() % 1000) as u16 * 10,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    let mut held = Vec::new();
+    while held.len() < n {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(port < 32_000, "no free loopback port left below 32000");
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
     held.iter()
         .map(|l| l.local_addr().unwrap().port())
         .collect()
