@@ -13,7 +13,7 @@ use kok_common::backoff::{Backoff, Poll};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ExposureType;
@@ -132,19 +132,29 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         config,
     ));
     let controller_config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    let controller = Controller::new(
+    // A Cluster wakes its reconcile when what it asks for changes, not when
+    // its status does: only the reconcile writes the status, and it already
+    // knows what it wrote (each status change woke one more pass that found
+    // nothing to do).
+    let (store, writer) = reflector::store();
+    let clusters = watcher(
         scoped::<Cluster>(&client, namespace),
         watcher::Config::default(),
     )
-    .with_config(controller_config)
-    .owns(scoped::<Secret>(&client, namespace), selector.clone())
-    .owns(scoped::<Pod>(&client, namespace), selector.clone())
-    .owns(scoped::<Service>(&client, namespace), selector.clone())
-    .owns(scoped::<Deployment>(&client, namespace), selector.clone())
-    .owns(
-        scoped::<PersistentVolumeClaim>(&client, namespace),
-        selector,
-    );
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(wakes, Default::default());
+    let controller = Controller::for_stream(clusters, store)
+        .with_config(controller_config)
+        .owns(scoped::<Secret>(&client, namespace), selector.clone())
+        .owns(scoped::<Pod>(&client, namespace), selector.clone())
+        .owns(scoped::<Service>(&client, namespace), selector.clone())
+        .owns(scoped::<Deployment>(&client, namespace), selector.clone())
+        .owns(
+            scoped::<PersistentVolumeClaim>(&client, namespace),
+            selector,
+        );
     kok_common::controller::run(
         "cluster",
         controller,
@@ -154,6 +164,23 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         Error::category,
     )
     .await;
+}
+
+/// What of a Cluster wakes its reconcile: spec (its generation), labels,
+/// annotations, finalizers and deletion; not its status.
+fn wakes(cluster: &Cluster) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let m = &cluster.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (
+        m.generation,
+        &m.labels,
+        &m.annotations,
+        &m.finalizers,
+        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 fn to_jiff(t: OffsetDateTime) -> Timestamp {
@@ -714,4 +741,51 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
 pub fn error_policy(cluster: Arc<Cluster>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(cluster = %cluster.name_any(), category = error.category(), %error, "reconcile failed");
     Action::requeue(Duration::from_secs(15))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kube_on_kube_api::cluster::ClusterStatus;
+
+    fn cluster() -> Cluster {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+                .expect("example");
+        c.metadata.generation = Some(1);
+        c
+    }
+
+    #[test]
+    fn a_status_change_does_not_wake_a_cluster_and_a_spec_change_does() {
+        let before = cluster();
+        let mut status_only = before.clone();
+        status_only.status = Some(ClusterStatus {
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: "Ready".into(),
+                message: String::new(),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: Some(1),
+            }],
+            ..Default::default()
+        });
+        status_only.metadata.resource_version = Some("2".into());
+        assert_eq!(wakes(&before), wakes(&status_only));
+
+        let mut spec = before.clone();
+        spec.metadata.generation = Some(2);
+        assert_ne!(wakes(&before), wakes(&spec));
+        let mut deleted = before.clone();
+        deleted.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        assert_ne!(wakes(&before), wakes(&deleted));
+        let mut finalized = before.clone();
+        finalized.metadata.finalizers = Some(vec![TEARDOWN_FINALIZER.into()]);
+        assert_ne!(wakes(&before), wakes(&finalized));
+        let mut annotated = before;
+        annotated.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        assert_ne!(wakes(&cluster()), wakes(&annotated));
+    }
 }
