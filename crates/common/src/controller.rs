@@ -94,6 +94,11 @@ pub async fn drive<K, E, Q>(
                 Ok((object, action)) => {
                     tracing::debug!(controller = name, %object, ?action, "reconciled")
                 }
+                // An owned object changed after its owner was deleted (the
+                // garbage collector removing it, say): nothing to reconcile.
+                Err(kube::runtime::controller::Error::ObjectNotFound(object)) => {
+                    tracing::debug!(controller = name, %object, "owner gone; nothing to reconcile")
+                }
                 Err(error) => tracing::warn!(controller = name, %error, "reconcile failed"),
             }
         })
