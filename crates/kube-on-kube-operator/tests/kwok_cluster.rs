@@ -57,16 +57,9 @@ async fn converge(
     }
 }
 
-fn condition(c: &Cluster, type_: &str) -> Option<String> {
-    Some(c.status.as_ref()?.condition(type_)?.status.clone())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
-    let env = KubeEnv::shared();
-    let client = env.client().await;
-    let ns = env.namespace("kwok-cluster").await;
-    let ctx = Arc::new(Context::new(
+/// The controller's context, as the operator builds it.
+fn context(client: &kube::Client) -> Arc<Context> {
+    Arc::new(Context::new(
         client.clone(),
         Recorder::new(
             client.clone(),
@@ -76,7 +69,19 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
             },
         ),
         Config::default(),
-    ));
+    ))
+}
+
+fn condition(c: &Cluster, type_: &str) -> Option<String> {
+    Some(c.status.as_ref()?.condition(type_)?.status.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kwok-cluster").await;
+    let ctx = context(&client);
     let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -274,17 +279,7 @@ async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("kwok-poll").await;
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        ),
-        Config::default(),
-    ));
+    let ctx = context(&client);
     let label = format!("kubeonkube.io/test-poll-{ns}");
     let mut cluster = example(ClusterMode::Minimal, &ns, "stuck");
     cluster.spec.placement = Some(kube_on_kube_api::cluster::Placement {
