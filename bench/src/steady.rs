@@ -94,6 +94,7 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut samples = Vec::new();
     for run in 0..args.runs {
+        let not_ready_before = machines_not_ready(&client).await?;
         let log_path = env.log_dir().join(format!("node-operator-{run}.log"));
         let mut child = Command::new(&operator)
             .arg("--kubeconfig")
@@ -117,16 +118,41 @@ pub async fn run(args: Args) -> Result<()> {
             .with_context(|| format!("start {}", operator.display()))?;
         let connections_before = ssh.count();
         let result = measure(&args, &client, &child, &log_path, baseline).await;
-        let _ = child.kill();
-        let _ = child.wait();
+        stop(&mut child);
         let mut sample = result?;
         sample.ssh_connections = ssh.count() - connections_before;
+        // Only this run's: earlier runs' visits stay NotReady.
+        let not_ready = machines_not_ready(&client).await?;
+        sample.left_ready = not_ready.saturating_sub(not_ready_before);
+        if sample.left_ready > 0 {
+            eprintln!(
+                "{} Machines left Ready during the run: they were visited (log: {})",
+                sample.left_ready,
+                log_path.display()
+            );
+        }
         eprintln!("run {}/{}: {sample:?}", run + 1, args.runs);
         samples.push(sample);
     }
     let table = table(&args, &samples, baseline);
     println!("{table}");
     crate::append(args.out.as_deref(), &table)
+}
+
+/// Stops the operator as a rollout would, with SIGTERM: it gives up its
+/// Lease, so the next run leads at once rather than after the Lease expires.
+fn stop(child: &mut Child) {
+    // SAFETY: kill(2) on the pid of a child this process started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[derive(Debug)]
@@ -182,19 +208,12 @@ async fn measure(
     );
     let with = requests_per_minute(client, Duration::from_secs(args.window)).await?;
     let peak = proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0;
-    let left_ready = machines_not_ready(client).await?;
-    if left_ready > 0 {
-        eprintln!(
-            "{left_ready} Machines left Ready during the run: they were visited (log: {})",
-            log.display()
-        );
-    }
     Ok(Sample {
         full_pass_s: full_pass.as_secs_f64(),
         peak_rss_mib: peak,
-        // Counted by the caller.
+        // Counted by the caller, around the whole run.
         ssh_connections: 0,
-        left_ready,
+        left_ready: 0,
         requests_per_min: (with - baseline).max(0.0),
     })
 }

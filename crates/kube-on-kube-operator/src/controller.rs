@@ -518,7 +518,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     // Add-ons follow the control plane: not while it upgrades or refuses a version.
     let mut addons_wait = None;
     let addons = if api_ready && certificates_error.is_none() && upgrade_plan.addons {
-        let key = format!("{ns}/{}", names.cluster);
+        let key = names.key();
         let generation = cluster.metadata.generation;
         Some(
             if let Some((wait, last)) = ctx.addon_backoff.waiting(&key, generation) {
@@ -601,7 +601,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     });
     // Anything else still converging is looked at again soon, and less often
     // while its status stays the same (changes of its objects wake it at once).
-    let key = format!("{ns}/{}", names.cluster);
+    let key = names.key();
     let converging = !etcd_report.settled || (!ready && only_addons_wait.is_none());
     if !converging {
         ctx.polls.forget(&key);
@@ -687,7 +687,7 @@ where
 /// Every step is best effort: what it cannot do, garbage collection does at
 /// its own pace, and the finalizer is removed regardless.
 async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Action, Error> {
-    let key = format!("{}/{}", names.namespace, names.cluster);
+    let key = names.key();
     ctx.polls.forget(&key);
     ctx.addon_backoff.succeeded(&key);
     if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {

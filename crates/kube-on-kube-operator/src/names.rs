@@ -50,6 +50,12 @@ impl Names {
         format!("{}-{suffix}", self.cluster)
     }
 
+    /// `<namespace>/<cluster>`: the key of the Cluster's per-Cluster state in
+    /// the operator (add-on backoff, poll interval).
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.cluster)
+    }
+
     /// Secret of the cluster CA (signs serving and client certificates and kubelet CSRs).
     pub fn ca_secret(&self) -> String {
         self.prefixed("ca")
