@@ -55,6 +55,10 @@ struct Sample {
     peak_rss_mib: f64,
     /// Cluster reconciles the operator counted (`kok_reconciles_total`).
     reconciles: f64,
+    /// Watch events of owned Pods and Deployments, and those of them that
+    /// woke a reconcile (`kok_watch_events_total`).
+    watch_events: f64,
+    woke: f64,
 }
 
 impl Sample {
@@ -82,12 +86,14 @@ pub async fn run(args: Args) -> Result<()> {
         for run in 0..args.runs {
             let sample = one_run(&args, &operator, n, mode).await?;
             eprintln!(
-                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles, rss idle {:.1} MiB peak {:.1} MiB",
+                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles, {:.0} of {:.0} watch events woke one, rss idle {:.1} MiB peak {:.1} MiB",
                 run + 1,
                 args.runs,
                 sample.seconds,
                 sample.cpu_s,
                 sample.reconciles,
+                sample.woke,
+                sample.watch_events,
                 sample.idle_rss_mib,
                 sample.peak_rss_mib
             );
@@ -192,11 +198,21 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
         let idle = proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
         let port = logged_port(&log_path)
             .with_context(|| format!("no HTTP address in {}", log_path.display()))?;
-        let reconciles = || -> Result<f64> {
+        let counts = || -> Result<(f64, f64, f64)> {
             let metrics = scrape(port).context("scrape the operator's /metrics")?;
-            Ok(sum(&metrics, "kok_reconciles_total{controller=\"cluster\""))
+            let events = "kok_watch_events_total{";
+            let woke = metrics
+                .iter()
+                .filter(|(k, _)| k.starts_with(events) && k.contains("woke=\"true\""))
+                .map(|(_, v)| v)
+                .sum();
+            Ok((
+                sum(&metrics, "kok_reconciles_total{controller=\"cluster\""),
+                sum(&metrics, events),
+                woke,
+            ))
         };
-        let reconciles_before = reconciles()?;
+        let before = counts()?;
         let cpu_before = cpu_seconds(pid)?;
         let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
         let started = Instant::now();
@@ -221,13 +237,16 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let seconds = started.elapsed().as_secs_f64();
+        let after = counts()?;
         Ok(Sample {
             clusters: n,
             seconds,
             cpu_s: cpu_seconds(pid)? - cpu_before,
             idle_rss_mib: idle,
             peak_rss_mib: proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0,
-            reconciles: reconciles()? - reconciles_before,
+            reconciles: after.0 - before.0,
+            watch_events: after.1 - before.1,
+            woke: after.2 - before.2,
         })
     }
     .await;

@@ -14,6 +14,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod telemetry;
+pub mod watch;
 
 /// Errors of the shared plumbing.
 #[derive(Debug, thiserror::Error)]

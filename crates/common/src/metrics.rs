@@ -39,6 +39,7 @@ pub struct Metrics {
     etcd_member_healthy: Family<Labels, Gauge>,
     ssh_step_duration: HistogramFamily,
     machines: Family<Labels, Gauge>,
+    watch_events: Family<Labels, Counter>,
     /// Label sets of the per-cluster series, so a cluster's stale ones can be removed.
     etcd_series: Mutex<BTreeSet<Labels>>,
 }
@@ -109,6 +110,12 @@ impl Metrics {
         );
         let machines = Family::<Labels, Gauge>::default();
         registry.register("machines", "Machines by phase", machines.clone());
+        let watch_events = Family::<Labels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Watch events of owned objects, by kind and whether they woke a reconcile (woke=false: nothing the reconcile reads changed)",
+            watch_events.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -120,6 +127,7 @@ impl Metrics {
             etcd_member_healthy,
             ssh_step_duration,
             machines,
+            watch_events,
             etcd_series: Mutex::default(),
         }
     }
@@ -130,6 +138,13 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// Count one watch event of an owned object of `kind`, and whether it was
+    /// passed on to wake a reconcile.
+    pub fn watch_event(&self, kind: &str, woke: bool) {
+        let labels = vec![("kind", kind.to_string()), ("woke", woke.to_string())];
+        self.watch_events.get_or_create(&labels).inc();
     }
 
     /// Mark the start of one reconcile of `controller`; the returned guard

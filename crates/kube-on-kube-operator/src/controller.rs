@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kok_common::backoff::{Backoff, Poll};
+use kok_common::watch::{changes, hash};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -49,6 +50,11 @@ const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
 /// changed, doubling while it does not, up to [`POLL_MAX`].
 const POLL_FIRST: Duration = Duration::from_secs(5);
 const POLL_MAX: Duration = Duration::from_secs(60);
+
+/// A converging Cluster that waits only for its Pods and Deployments to
+/// become Ready is woken by their watch events; it is looked at again after
+/// this long in case one went unseen (see [`waits_on_watches`]).
+pub const WATCHED_RECHECK: Duration = Duration::from_secs(300);
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
@@ -151,9 +157,17 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     let controller = Controller::for_stream(clusters, store)
         .with_config(controller_config)
         .owns(scoped::<Secret>(&client, namespace), selector.clone())
-        .owns(scoped::<Pod>(&client, namespace), selector.clone())
+        .owns_stream(changes::<Cluster, _>(
+            scoped::<Pod>(&client, namespace),
+            selector.clone(),
+            pod_fingerprint,
+        ))
         .owns(scoped::<Service>(&client, namespace), selector.clone())
-        .owns(scoped::<Deployment>(&client, namespace), selector.clone())
+        .owns_stream(changes::<Cluster, _>(
+            scoped::<Deployment>(&client, namespace),
+            selector.clone(),
+            deployment_fingerprint,
+        ))
         .owns(
             scoped::<PersistentVolumeClaim>(&client, namespace),
             selector,
@@ -169,21 +183,66 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     .await;
 }
 
+/// What the reconcile reads of a member Pod (see `etcd::pod_state`, the
+/// rollout and teardown): its other writes, as being scheduled or a probe
+/// time, wake nothing.
+fn pod_fingerprint(pod: &Pod) -> u64 {
+    let m = &pod.metadata;
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    let restarts: Vec<i32> = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|c| c.iter().map(|c| c.restart_count).collect())
+        .unwrap_or_default();
+    let images: Vec<Option<&str>> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| c.image.as_deref())
+        .collect();
+    hash(&(
+        &m.labels,
+        &m.annotations,
+        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        status.and_then(|s| s.phase.as_deref()),
+        ready,
+        restarts,
+        images,
+    ))
+}
+
+/// What the reconcile reads of a Deployment: its generation and replica
+/// counts (the status conditions' own updates wake nothing).
+fn deployment_fingerprint(d: &Deployment) -> u64 {
+    let m = &d.metadata;
+    let s = d.status.as_ref();
+    hash(&(
+        m.generation,
+        &m.labels,
+        &m.annotations,
+        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
+        s.and_then(|s| s.observed_generation),
+        s.and_then(|s| s.replicas),
+        s.and_then(|s| s.updated_replicas),
+        s.and_then(|s| s.ready_replicas),
+        s.and_then(|s| s.available_replicas),
+    ))
+}
+
 /// What of a Cluster wakes its reconcile: spec (its generation), labels,
 /// annotations, finalizers and deletion; not its status.
 fn wakes(cluster: &Cluster) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
     let m = &cluster.metadata;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (
+    Some(hash(&(
         m.generation,
         &m.labels,
         &m.annotations,
         &m.finalizers,
         m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-    )
-        .hash(&mut hasher);
-    Some(hasher.finish())
+    )))
 }
 
 fn to_jiff(t: OffsetDateTime) -> Timestamp {
@@ -603,11 +662,17 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     // while its status stays the same (changes of its objects wake it at once).
     let key = names.key();
     let converging = !etcd_report.settled || (!ready && only_addons_wait.is_none());
-    if !converging {
+    let watched = waits_on_watches(&etcd_report);
+    if !converging || watched {
         ctx.polls.forget(&key);
     }
     Ok(Action::requeue(if let Some(soon) = etcd_report.requeue {
         soon.min(idle)
+    } else if converging && watched {
+        addons_wait
+            .map_or(WATCHED_RECHECK, |wait| wait.max(Duration::from_secs(1)))
+            .min(WATCHED_RECHECK)
+            .min(idle)
     } else if converging {
         ctx.polls.next(&key, fingerprint(&status)).min(idle)
     } else if let Some(wait) = only_addons_wait {
@@ -615,6 +680,28 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     } else {
         idle
     }))
+}
+
+/// Whether what a converging Cluster still waits for reaches it through its
+/// watches. Deployments that are not Ready yet do: each change of their
+/// status wakes the reconcile. So do member Pods that are not Ready, as long
+/// as none has restarted. What does not, and is polled: etcd members whose
+/// Pods are Ready but which do not serve yet (only asking etcd tells), and a
+/// member Pod that restarts, judged failed after a time without any event.
+pub fn waits_on_watches(etcd: &crate::etcd::Report) -> bool {
+    let restarted = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.restart_count > 0))
+    };
+    let now = Timestamp::now();
+    let waiting_on_a_pod = etcd.pods.len() < etcd.desired as usize
+        || etcd
+            .pods
+            .iter()
+            .any(|p| crate::etcd::pod_state(Some(p), now) != crate::membership::PodState::Ready);
+    etcd.settled || (waiting_on_a_pod && !etcd.pods.iter().any(restarted))
 }
 
 /// A hash of what a status reports, without its timestamps: equal while a
@@ -790,5 +877,98 @@ mod tests {
         let mut annotated = before;
         annotated.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
         assert_ne!(wakes(&cluster()), wakes(&annotated));
+    }
+
+    fn report(settled: bool, pods: Vec<Pod>) -> crate::etcd::Report {
+        crate::etcd::Report {
+            members: Vec::new(),
+            desired: 1,
+            ready: 0,
+            version: None,
+            condition: crate::etcd::Health {
+                ready: settled,
+                reason: "Test",
+                message: String::new(),
+            },
+            settled,
+            pods,
+            requeue: None,
+        }
+    }
+
+    fn member(ready: bool, restarts: i32) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "etcd-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                "containerStatuses": [{
+                    "name": "etcd", "image": "etcd", "imageID": "", "ready": ready,
+                    "restartCount": restarts
+                }]
+            }
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn only_what_no_watch_reports_is_polled() {
+        // Settled etcd: the rest are Deployments, whose status changes wake.
+        assert!(waits_on_watches(&report(true, vec![member(true, 0)])));
+        // A member Pod still to come or to become Ready: its events wake.
+        assert!(waits_on_watches(&report(false, Vec::new())));
+        assert!(waits_on_watches(&report(false, vec![member(false, 0)])));
+        // Ready Pods whose members do not serve yet: only etcd can tell.
+        assert!(!waits_on_watches(&report(false, vec![member(true, 0)])));
+        // A restarting member is judged failed after a while, with no event.
+        assert!(!waits_on_watches(&report(false, vec![member(false, 2)])));
+    }
+
+    #[test]
+    fn only_what_the_reconcile_reads_of_pods_and_deployments_wakes_it() {
+        let pending = member(false, 0);
+        let mut scheduled = pending.clone();
+        scheduled.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("n1".into()),
+            ..Default::default()
+        });
+        if let Some(c) = scheduled
+            .status
+            .as_mut()
+            .and_then(|s| s.conditions.as_mut())
+        {
+            c.push(
+                serde_json::from_value(serde_json::json!(
+                    {"type": "PodScheduled", "status": "True"}
+                ))
+                .expect("condition"),
+            );
+        }
+        assert_eq!(pod_fingerprint(&pending), pod_fingerprint(&scheduled));
+        assert_ne!(pod_fingerprint(&pending), pod_fingerprint(&member(true, 0)));
+        assert_ne!(
+            pod_fingerprint(&pending),
+            pod_fingerprint(&member(false, 1))
+        );
+
+        let deployment = |ready: i32, condition: &str| -> Deployment {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "d", "generation": 1},
+                "status": {
+                    "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                    "readyReplicas": ready, "availableReplicas": ready,
+                    "conditions": [{"type": "Progressing", "status": "True", "reason": condition}]
+                }
+            }))
+            .expect("deployment")
+        };
+        assert_eq!(
+            deployment_fingerprint(&deployment(0, "ReplicaSetUpdated")),
+            deployment_fingerprint(&deployment(0, "NewReplicaSetAvailable"))
+        );
+        assert_ne!(
+            deployment_fingerprint(&deployment(0, "ReplicaSetUpdated")),
+            deployment_fingerprint(&deployment(1, "ReplicaSetUpdated"))
+        );
     }
 }

@@ -15,7 +15,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ClusterMode;
-use kube_on_kube_operator::controller::{Config, Context, reconcile};
+use kube_on_kube_operator::controller::{Config, Context, WATCHED_RECHECK, reconcile};
 
 fn example(mode: ClusterMode, namespace: &str, name: &str) -> Cluster {
     let mut c: Cluster =
@@ -275,12 +275,12 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
 /// once it changes: its Pods select a node label no node has, so they stay
 /// Pending, until a node gets that label.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
+async fn a_cluster_waiting_for_its_pods_is_woken_by_them_not_polled() {
     let env = KubeEnv::shared();
     let client = env.client().await;
-    let ns = env.namespace("kwok-poll").await;
+    let ns = env.namespace("kwok-wake").await;
     let ctx = context(&client);
-    let label = format!("kubeonkube.io/test-poll-{ns}");
+    let label = format!("kubeonkube.io/test-wake-{ns}");
     let mut cluster = example(ClusterMode::Minimal, &ns, "stuck");
     cluster.spec.placement = Some(kube_on_kube_api::cluster::Placement {
         node_selector: [(label.clone(), "yes".to_string())].into(),
@@ -291,37 +291,35 @@ async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
         .await
         .expect("create");
 
-    let pass = || async {
-        let cluster = api.get("stuck").await.expect("get");
-        reconcile(Arc::new(cluster), ctx.clone())
-            .await
-            .expect("reconcile")
-    };
-    let secs = |s: u64| Action::requeue(Duration::from_secs(s));
+    // Its Pods select a node label no node has: nothing runs, and nothing
+    // but their watch events could change that. Once its objects exist, each
+    // pass waits for those events, with only a recheck after minutes.
     let mut waits = Vec::new();
-    for _ in 0..10 {
-        waits.push(pass().await);
+    for _ in 0..6 {
+        let cluster = api.get("stuck").await.expect("get");
+        waits.push(
+            reconcile(Arc::new(cluster), ctx.clone())
+                .await
+                .expect("reconcile"),
+        );
     }
     println!("waits while stuck: {waits:?}");
-    // The first passes create the objects (the status changes, and the
-    // next look is 5 s away); from the last change on, each pass that sees
-    // the same status waits twice as long, up to a minute.
-    let last_change = waits
-        .iter()
-        .rposition(|w| *w == secs(5))
-        .expect("a first look after 5s");
-    assert!(last_change <= 4, "the status kept changing: {waits:?}");
-    let expected: Vec<Action> = [5, 10, 20, 40]
-        .into_iter()
-        .chain(std::iter::repeat(60))
-        .take(waits.len() - last_change)
-        .map(secs)
-        .collect();
-    assert_eq!(waits[last_change..], expected[..], "{waits:?}");
+    let recheck = Action::requeue(WATCHED_RECHECK);
+    assert!(
+        waits[2..].iter().all(|w| *w == recheck),
+        "a Cluster waiting for its Pods is polled: {waits:?}"
+    );
 
-    // Progress: a node the Pods can run on. The first pass that sees the
-    // status change looks again soon (or, once Ready, only when
-    // certificates are due).
+    // The operator's controller, watching the namespace: a node the Pods
+    // can run on makes it converge through the Pods' and Deployments'
+    // events, long before the recheck.
+    let controller = tokio::spawn(kube_on_kube_operator::controller::run(
+        client.clone(),
+        Some(ns.clone()),
+        4,
+        Config::default(),
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = serde_json::json!({"metadata": {"labels": {label.as_str(): "yes"}}});
     nodes
@@ -332,28 +330,27 @@ async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
         )
         .await
         .expect("label a node");
-    let conditions = |c: &Cluster| {
-        c.status
-            .as_ref()
-            .map(|s| {
-                s.conditions
-                    .iter()
-                    .map(|c| (c.type_.clone(), c.status.clone(), c.message.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default()
-    };
-    let before = conditions(&api.get("stuck").await.expect("get"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (after, wait) = loop {
-        let wait = pass().await;
-        let after = api.get("stuck").await.expect("get");
-        if conditions(&after) != before {
-            break (after, wait);
+    let labelled = Instant::now();
+    let ready_types = [
+        "EtcdReady",
+        "APIServerReady",
+        "ControllerManagerReady",
+        "SchedulerReady",
+    ];
+    let outcome = loop {
+        let cluster = api.get("stuck").await.expect("get");
+        if ready_types
+            .iter()
+            .all(|t| condition(&cluster, t).as_deref() == Some("True"))
+        {
+            break Ok(labelled.elapsed());
         }
-        assert!(Instant::now() < deadline, "no progress in 60s: {before:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if labelled.elapsed() > Duration::from_secs(90) {
+            break Err(cluster.status);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    controller.abort();
     let nodes_cleanup = serde_json::json!({"metadata": {"labels": {label.as_str(): null}}});
     let _ = nodes
         .patch(
@@ -362,20 +359,9 @@ async fn a_cluster_that_makes_no_progress_is_polled_less_and_less() {
             &Patch::Merge(&nodes_cleanup),
         )
         .await;
-    if condition(&after, "Ready").as_deref() == Some("True") {
-        let polls = [5, 10, 20, 40, 60].map(secs);
-        assert!(
-            !polls.contains(&wait),
-            "a ready Cluster is polled: {wait:?}"
-        );
-    } else {
-        // 5 s: the poll starts over; 2 s: etcd's own step is under way;
-        // 3 s: all but the add-ons is ready, and their first retry is due.
-        assert!(
-            [secs(2), secs(3), secs(5)].contains(&wait),
-            "{wait:?} after a change: {:#?}",
-            after.status
-        );
+    match outcome {
+        Ok(took) => println!("control plane Ready {took:?} after the node was labelled"),
+        Err(status) => panic!("not converged 90 s after the node was labelled: {status:#?}"),
     }
     api.delete("stuck", &DeleteParams::background())
         .await
