@@ -217,9 +217,6 @@ async fn one_cluster(
     })
 }
 
-/// `/readyz` of the business API through a Ready kube-apiserver Pod, with the
-/// admin kubeconfig's credentials and CA (the name checked is the one in the
-/// serving certificate, `kubernetes`).
 /// The status a settled Cluster's condition of `type_` has: every readiness
 /// condition (`Ready`, `EtcdReady`, …) True; `Progressing` (an upgrade rolling
 /// through) False.
@@ -236,6 +233,9 @@ fn settled(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Conditi
     !conditions.is_empty() && conditions.iter().all(|c| c.status == want(&c.type_))
 }
 
+/// `/readyz` of the business API through a Ready kube-apiserver Pod, with the
+/// admin kubeconfig's credentials and CA (the name checked is the one in the
+/// serving certificate, `kubernetes`).
 async fn readyz(client: &Client, ns: &str, name: &str) -> bool {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let Ok(list) = pods

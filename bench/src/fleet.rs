@@ -71,6 +71,9 @@ impl Sample {
     fn reconciles_per_cluster(&self) -> f64 {
         self.reconciles / self.clusters as f64
     }
+    fn wakeups_per_cluster(&self) -> f64 {
+        self.woke / self.clusters as f64
+    }
     fn cpu_ms_per_reconcile(&self) -> f64 {
         self.cpu_s * 1000.0 / self.reconciles.max(1.0)
     }
@@ -141,10 +144,16 @@ fn plots(args: &Args, samples: &[Sample], dir: &std::path::Path) -> Result<()> {
                 title: format!("Reconciles per {} Cluster (median)", args.mode),
                 x_label: "Clusters applied at once".into(),
                 y_label: "reconciles per Cluster until converged".into(),
-                series: vec![Series {
-                    label: "kube-on-kube-operator".into(),
-                    points: medians(args, samples, Sample::reconciles_per_cluster),
-                }],
+                series: vec![
+                    Series {
+                        label: "reconciles".into(),
+                        points: medians(args, samples, Sample::reconciles_per_cluster),
+                    },
+                    Series {
+                        label: "owned-object events that woke one".into(),
+                        points: medians(args, samples, Sample::wakeups_per_cluster),
+                    },
+                ],
             },
         ),
         (
@@ -333,17 +342,18 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | reconciles per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | reconciles per Cluster | owned-object events that woke it, per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.mode, args.runs
     );
     for (i, &n) in args.clusters.iter().enumerate() {
         let of = |f: fn(&Sample) -> f64| medians(args, samples, f)[i].1;
         out.push_str(&format!(
-            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
             of(|s| s.seconds),
             of(|s| s.cpu_s),
             of(Sample::cpu_ms_per_cluster),
             of(Sample::reconciles_per_cluster),
+            of(Sample::wakeups_per_cluster),
             of(Sample::cpu_ms_per_reconcile),
             of(|s| s.peak_rss_mib),
             of(Sample::mib_per_cluster),

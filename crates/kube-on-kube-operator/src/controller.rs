@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Se
 use k8s_openapi::jiff::Timestamp;
 use kok_common::backoff::{Backoff, Poll};
 use kok_common::watch::{changes, hash};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PropagationPolicy,
+};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
@@ -154,24 +156,48 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     .reflect(writer)
     .applied_objects()
     .predicate_filter(wakes, Default::default());
+    // What wakes a Cluster, read no further than needed: the metadata of its
+    // Secrets, Services and claims (created, edited or deleted: the watch
+    // sends each change's metadata, without the certificates and keys), and
+    // of Pods only the etcd members, the only ones a Cluster owns (a
+    // Deployment's Pods belong to its ReplicaSets).
+    fn metadata<K>(
+        api: Api<PartialObjectMeta<K>>,
+        selector: &watcher::Config,
+    ) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        watcher(api, selector.clone())
+            .default_backoff()
+            .touched_objects()
+    }
+    let members =
+        watcher::Config::default().labels(&format!("{CLUSTER_LABEL},{}", etcd::MEMBER_LABEL));
     let controller = Controller::for_stream(clusters, store)
         .with_config(controller_config)
-        .owns(scoped::<Secret>(&client, namespace), selector.clone())
+        .owns_stream(metadata(
+            scoped::<PartialObjectMeta<Secret>>(&client, namespace),
+            &selector,
+        ))
         .owns_stream(changes::<Cluster, _>(
             scoped::<Pod>(&client, namespace),
-            selector.clone(),
+            members,
             pod_fingerprint,
         ))
-        .owns(scoped::<Service>(&client, namespace), selector.clone())
+        .owns_stream(metadata(
+            scoped::<PartialObjectMeta<Service>>(&client, namespace),
+            &selector,
+        ))
         .owns_stream(changes::<Cluster, _>(
             scoped::<Deployment>(&client, namespace),
             selector.clone(),
             deployment_fingerprint,
         ))
-        .owns(
-            scoped::<PersistentVolumeClaim>(&client, namespace),
-            selector,
-        );
+        .owns_stream(metadata(
+            scoped::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace),
+            &selector,
+        ));
     kok_common::controller::run(
         "cluster",
         controller,
