@@ -219,10 +219,6 @@ fn pod_fingerprint(pod: &Pod) -> u64 {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
         .map(|c| c.status.clone());
-    let restarts: Vec<i32> = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .map(|c| c.iter().map(|c| c.restart_count).collect())
-        .unwrap_or_default();
     let images: Vec<Option<&str>> = pod
         .spec
         .iter()
@@ -235,7 +231,7 @@ fn pod_fingerprint(pod: &Pod) -> u64 {
         m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
         status.and_then(|s| s.phase.as_deref()),
         ready,
-        restarts,
+        crate::etcd::restarts(pod),
         images,
     ))
 }
@@ -715,33 +711,27 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 /// Pods are Ready but which do not serve yet (only asking etcd tells), and a
 /// member Pod that restarts, judged failed after a time without any event.
 pub fn waits_on_watches(etcd: &crate::etcd::Report) -> bool {
-    let restarted = |p: &Pod| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.restart_count > 0))
-    };
     let now = Timestamp::now();
     let waiting_on_a_pod = etcd.pods.len() < etcd.desired as usize
         || etcd
             .pods
             .iter()
             .any(|p| crate::etcd::pod_state(Some(p), now) != crate::membership::PodState::Ready);
-    etcd.settled || (waiting_on_a_pod && !etcd.pods.iter().any(restarted))
+    etcd.settled || (waiting_on_a_pod && etcd.pods.iter().all(|p| crate::etcd::restarts(p) == 0))
 }
 
 /// A hash of what a status reports, without its timestamps: equal while a
 /// converging Cluster makes no visible progress.
 fn fingerprint(status: &kube_on_kube_api::cluster::ClusterStatus) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    for c in &status.conditions {
-        (&c.type_, &c.status, &c.reason, &c.message).hash(&mut hasher);
-    }
-    serde_json::to_string(&status.components)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    let conditions: Vec<_> = status
+        .conditions
+        .iter()
+        .map(|c| (&c.type_, &c.status, &c.reason, &c.message))
+        .collect();
+    hash(&(
+        conditions,
+        serde_json::to_string(&status.components).unwrap_or_default(),
+    ))
 }
 
 /// Replace the Cluster's finalizers, as long as it has not changed since it

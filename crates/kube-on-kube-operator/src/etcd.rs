@@ -110,6 +110,14 @@ pub fn settled(report: &Report) -> bool {
     report.settled
 }
 
+/// Restarts of a Pod's containers, all together.
+pub fn restarts(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum())
+}
+
 /// The planner's view of a member Pod.
 pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
     let Some(pod) = pod else {
@@ -131,10 +139,7 @@ pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
     if ready.is_some_and(|c| c.status == "True") {
         return PodState::Ready;
     }
-    let restarts: i32 = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .map(|c| c.iter().map(|c| c.restart_count).sum())
-        .unwrap_or(0);
+    let restarts = restarts(pod);
     let since = ready
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0)

@@ -270,10 +270,11 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
     );
 }
 
-/// A Cluster waiting on something no watch reports progress of is looked at
-/// again less and less often while its status stays the same, and soon again
-/// once it changes: its Pods select a node label no node has, so they stay
-/// Pending, until a node gets that label.
+/// A Cluster that waits only for its Pods is not polled: its Pods select a
+/// node label no node has, so they stay Pending, and each pass waits for the
+/// 5-minute recheck. Under the operator's controller, the Pods' and
+/// Deployments' events (once a node gets the label) and a deleted Secret's
+/// event wake it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_waiting_for_its_pods_is_woken_by_them_not_polled() {
     let env = KubeEnv::shared();
