@@ -548,3 +548,51 @@ async fn exec_probes_gate_readiness_and_a_failing_liveness_probe_restarts() {
         .await
         .expect("delete");
 }
+
+/// A name that is in no Service fails to resolve at once, as a cluster DNS
+/// server answers for it, instead of waiting for a resolver that never
+/// answers; Service names still resolve from `/etc/hosts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_name_fails_to_resolve_at_once() {
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("pod-dns").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // Exit 0: the unknown name failed within 2 s and the Pod's own name
+    // resolved; 3: the unknown name resolved; 4: its lookup hung.
+    let script = format!(
+        "getent hosts resolver-probe || exit 5; \
+         timeout 2 getent hosts no-such-service.{ns}.svc.cluster.local; \
+         case $? in 0) exit 3;; 124) exit 4;; *) exit 0;; esac"
+    );
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "resolver-probe"},
+        "spec": {
+            "nodeName": runner.nodes()[0],
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "sh", "image": "busybox",
+                "command": ["/bin/sh", "-c", script]
+            }]
+        }
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create");
+    let code = wait_for("the probe to finish", Duration::from_secs(60), async || {
+        let p = pods.get("resolver-probe").await.ok()?;
+        let c = p.status?.container_statuses?.into_iter().next()?;
+        c.state?.terminated.map(|t| t.exit_code)
+    })
+    .await;
+    assert_eq!(
+        code, 0,
+        "3: an unknown name resolved, 4: its lookup hung, 5: the Pod's own name did not resolve"
+    );
+    pods.delete("resolver-probe", &DeleteParams::default())
+        .await
+        .expect("delete");
+}

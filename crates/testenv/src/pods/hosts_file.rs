@@ -7,6 +7,17 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+/// Every Pod's `/etc/resolv.conf`: names are in `/etc/hosts`, and the lookup
+/// of any other name fails at once, as a cluster DNS server answers for a name
+/// that does not exist (yet). Without it, lookups went to the machine's
+/// resolver, which may never answer for a cluster name: each took the
+/// resolver's 5 s timeout, and a component that looked up a Pod's name just
+/// before the Pod got its address (etcd members finding their peers,
+/// kube-apiserver its etcd) waited that long before it tried again. Nothing
+/// listens on port 53 in a Pod's network namespace, so a query is refused
+/// there and then.
+pub const RESOLV_CONF: &str = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n";
+
 /// A Service label on EndpointSlices (set by the endpointslice controller).
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 

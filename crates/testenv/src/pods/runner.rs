@@ -309,6 +309,7 @@ async fn run_pod(shared: Arc<Shared>, pod: Pod, mut desired: watch::Receiver<Opt
     let hosts_path = dir.join("hosts");
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(&hosts_path, "");
+    let _ = std::fs::write(dir.join("resolv.conf"), hosts_file::RESOLV_CONF);
     shared
         .hosts_files
         .lock()
@@ -346,6 +347,7 @@ async fn run_pod(shared: Arc<Shared>, pod: Pod, mut desired: watch::Receiver<Opt
         let sandbox = Sandbox {
             netns,
             hostname,
+            resolv_conf: dir.join("resolv.conf"),
             hosts: hosts_path,
             volumes: mounts,
             ip: ip.clone(),
@@ -476,6 +478,7 @@ struct Sandbox {
     netns: PathBuf,
     hostname: String,
     hosts: PathBuf,
+    resolv_conf: PathBuf,
     /// Volume name → directory on the machine.
     volumes: BTreeMap<String, PathBuf>,
     ip: String,
@@ -872,11 +875,18 @@ async fn container_spec(
     };
     let mut argv = expand::argv(container, &entrypoint, &env);
     ctx.shared.images.resolve_argv0_for(&image, &mut argv);
-    let mut mounts = vec![Mount {
-        source: sandbox.hosts.clone(),
-        target: "/etc/hosts".into(),
-        read_only: false,
-    }];
+    let mut mounts = vec![
+        Mount {
+            source: sandbox.hosts.clone(),
+            target: "/etc/hosts".into(),
+            read_only: false,
+        },
+        Mount {
+            source: sandbox.resolv_conf.clone(),
+            target: "/etc/resolv.conf".into(),
+            read_only: true,
+        },
+    ];
     // The program itself, where it is on the machine: the container's /tmp is
     // its own, and a checkout (with its build output) may live there.
     if let Some(program) = argv
