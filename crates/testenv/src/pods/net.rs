@@ -37,7 +37,26 @@ pub struct PodNetwork {
     run_id: String,
     bridge: String,
     base: [u8; 3],
-    used: Mutex<[bool; 256]>,
+    addresses: Mutex<Addresses>,
+}
+
+/// The /24's last octets: which are taken, and the one given out last.
+struct Addresses {
+    used: [bool; 256],
+    last: u8,
+}
+
+/// The first free octet after `last`, wrapping around, as a CNI's host-local
+/// IPAM hands out addresses: a deleted Pod's address is taken again only
+/// once every other one has been. Given out again at once, it reached the new
+/// Pod while other Pods still had the old Pod's link-layer address for it
+/// (their neighbour entries outlive it by tens of seconds), and connections
+/// to it went nowhere.
+fn next_free(used: &[bool; 256], last: u8) -> Option<u8> {
+    (1..=256usize)
+        .map(|step| (last as usize + step) % 256)
+        .find(|&i| !used[i])
+        .map(|i| i as u8)
 }
 
 impl PodNetwork {
@@ -57,7 +76,7 @@ impl PodNetwork {
             run_id: run_id.to_string(),
             bridge,
             base,
-            used: Mutex::new(used),
+            addresses: Mutex::new(Addresses { used, last: 1 }),
         })
     }
 
@@ -74,13 +93,14 @@ impl PodNetwork {
     /// Give a Pod a network namespace and an address; returns (netns name, IP).
     pub fn attach(&self) -> Result<(String, Ipv4Addr), NetError> {
         let last = {
-            let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-            let free = used.iter().position(|u| !u).ok_or_else(|| NetError {
+            let mut addresses = self.addresses.lock().unwrap_or_else(|p| p.into_inner());
+            let free = next_free(&addresses.used, addresses.last).ok_or_else(|| NetError {
                 args: String::new(),
                 message: "no free Pod address on the runner's /24".into(),
             })?;
-            used[free] = true;
-            free as u8
+            addresses.used[free as usize] = true;
+            addresses.last = free;
+            free
         };
         let addr = Ipv4Addr::new(self.base[0], self.base[1], self.base[2], last);
         let ns = format!("kp{}-{last}", self.run_id);
@@ -133,14 +153,18 @@ impl PodNetwork {
             "del",
             &format!("kv{}-{}", self.run_id, addr.octets()[3]),
         ]);
-        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
-        used[addr.octets()[3] as usize] = false;
+        let mut addresses = self.addresses.lock().unwrap_or_else(|p| p.into_inner());
+        addresses.used[addr.octets()[3] as usize] = false;
     }
 }
 
 impl Drop for PodNetwork {
     fn drop(&mut self) {
-        let used = *self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let used = self
+            .addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .used;
         for (last, taken) in used.iter().enumerate().take(255).skip(2) {
             if *taken {
                 let _ = ip(&["netns", "del", &format!("kp{}-{last}", self.run_id)]);
@@ -188,5 +212,29 @@ pub fn sweep_stale() {
                 let _ = ip(&["link", "del", name]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_free;
+
+    #[test]
+    fn a_freed_address_is_given_out_again_only_after_the_others() {
+        let mut used = [false; 256];
+        used[0] = true;
+        used[1] = true;
+        used[255] = true;
+        assert_eq!(next_free(&used, 1), Some(2));
+        used[2] = true;
+        assert_eq!(next_free(&used, 2), Some(3));
+        used[3] = true;
+        // 2 is freed: 4 comes first all the same.
+        used[2] = false;
+        assert_eq!(next_free(&used, 3), Some(4));
+        // At the top of the range, the search wraps around to what is free.
+        assert_eq!(next_free(&used, 254), Some(2));
+        let full = [true; 256];
+        assert_eq!(next_free(&full, 7), None);
     }
 }
