@@ -40,6 +40,10 @@ pub struct Args {
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The operator's log filter (its `--log-level`); its log is kept under
+    /// `target/testenv-logs/`. More than `info` slows what is measured.
+    #[arg(long, default_value = "info")]
+    pub operator_log_level: String,
 }
 
 #[derive(Clone, Debug)]
@@ -77,7 +81,7 @@ pub async fn run(args: Args) -> Result<()> {
     .context("start the Pod runner")?;
     let client = env.client().await;
     let ns = env.namespace("bench").await;
-    start_operator(&client, &ns).await?;
+    start_operator(&client, &ns, &args.operator_log_level).await?;
     let mut samples = Vec::new();
     for mode in &args.modes {
         let mode_value: ClusterMode =
@@ -101,7 +105,7 @@ pub async fn run(args: Args) -> Result<()> {
     crate::append(args.out.as_deref(), &table)
 }
 
-async fn start_operator(client: &Client, ns: &str) -> Result<()> {
+async fn start_operator(client: &Client, ns: &str, log_level: &str) -> Result<()> {
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "operator"}}))?;
     Api::<ServiceAccount>::namespaced(client.clone(), ns)
@@ -121,7 +125,8 @@ async fn start_operator(client: &Client, ns: &str) -> Result<()> {
             "nodeName": "cp-0",
             "serviceAccountName": "operator",
             "containers": [{"name": "operator", "image": "kube-on-kube-operator",
-                            "args": [format!("--namespace={ns}"), "--node-operator-image=node-operator"]}]
+                            "args": [format!("--namespace={ns}"), "--node-operator-image=node-operator",
+                                     format!("--log-level={log_level}")]}]
         }
     }))?;
     Api::<Pod>::namespaced(client.clone(), ns)

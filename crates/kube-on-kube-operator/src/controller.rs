@@ -445,11 +445,6 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .into_iter()
         .map(|s| (s.name_any(), s))
         .collect();
-    let etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
-        .await?
-        .into_iter()
-        .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
-        .collect();
     let deployments: BTreeMap<String, Deployment> = list(&deployments_api, &names.cluster)
         .await?
         .into_iter()
@@ -458,6 +453,11 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 
     if spec.paused {
         // Only read, never applied, while paused.
+        let etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
+            .await?
+            .into_iter()
+            .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
+            .collect();
         let external = services_api
             .get_opt(&names.apiserver_external_service())
             .await
@@ -585,14 +585,15 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         &deployments,
         &pods,
         etcd_settled,
+        etcd_report.ready,
         &etcd_version,
     )
     .await?;
 
     // Add-ons, once the business API answers.
     let api_ready = apiserver
-        .status
         .as_ref()
+        .and_then(|d| d.status.as_ref())
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0)
         > 0;
@@ -614,6 +615,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
                 };
                 let report = addons::reconcile(&ctx, &inputs).await;
                 if report.failed() {
+                    tracing::debug!(cluster = %names.cluster, reason = report.reason, message = %report.message, "add-on step failed");
                     // The time of the next attempt, not the time left: the
                     // message must not change while waiting, or each status
                     // write would wake the Cluster again.
@@ -645,7 +647,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     // Status.
     let observed = status::Observed {
         etcd_pods: &etcd_pods,
-        apiserver: Some(&apiserver),
+        apiserver: apiserver.as_ref(),
         controller_manager: Some(&controller_manager),
         scheduler: Some(&scheduler),
         endpoint,
@@ -688,7 +690,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     if !converging || watched {
         ctx.polls.forget(&key);
     }
-    Ok(Action::requeue(if let Some(soon) = etcd_report.requeue {
+    let next = if let Some(soon) = etcd_report.requeue {
         soon.min(idle)
     } else if converging && watched {
         addons_wait
@@ -701,7 +703,20 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         wait.max(Duration::from_secs(1)).min(idle)
     } else {
         idle
-    }))
+    };
+    tracing::debug!(
+        cluster = %names.cluster,
+        ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == status::READY)
+            .map_or("", |c| c.message.as_str()),
+        converging,
+        watched,
+        next_in = ?next,
+        "reconciled"
+    );
+    Ok(Action::requeue(next))
 }
 
 /// Whether what a converging Cluster still waits for reaches it through its

@@ -157,16 +157,26 @@ pub fn build(
             format!("{} etcd members ready", components.etcd.ready),
         ),
     };
-    let api_ok = set(
-        APISERVER_READY,
-        ok_of(&components.api_server),
-        "ReplicasReady",
-        "ReplicasNotReady",
-        format!(
-            "{} kube-apiserver replicas ready",
-            components.api_server.ready
-        ),
-    );
+    let api_ok = if observed.apiserver.is_none() && !etcd_ok {
+        set(
+            APISERVER_READY,
+            false,
+            "ReplicasReady",
+            "WaitingForEtcd",
+            "kube-apiserver is created once an etcd member serves".into(),
+        )
+    } else {
+        set(
+            APISERVER_READY,
+            ok_of(&components.api_server),
+            "ReplicasReady",
+            "ReplicasNotReady",
+            format!(
+                "{} kube-apiserver replicas ready",
+                components.api_server.ready
+            ),
+        )
+    };
     let cm_ok = set(
         CONTROLLER_MANAGER_READY,
         ok_of(&components.controller_manager),
@@ -441,5 +451,11 @@ mod tests {
             ready.message
         );
         assert!(!s.etcd_members[0].healthy);
+        let api = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == APISERVER_READY)
+            .expect("APIServerReady");
+        assert_eq!(api.reason, "WaitingForEtcd", "{}", api.message);
     }
 }

@@ -179,7 +179,9 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
             ..Default::default()
         },
     };
-    let probe = |path: &str, failure_threshold: i32, initial: i32| Probe {
+    // Readiness is probed every second: a new Cluster's kube-apiserver is
+    // created once a member is Ready (see `rollout::apiserver_waits`).
+    let probe = |path: &str, failure_threshold: i32, initial: i32, period: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::Int(METRICS_PORT),
@@ -187,7 +189,7 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
             ..Default::default()
         }),
         initial_delay_seconds: Some(initial),
-        period_seconds: Some(2),
+        period_seconds: Some(period),
         timeout_seconds: Some(2),
         failure_threshold: Some(failure_threshold),
         ..Default::default()
@@ -254,8 +256,8 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
                 ]),
                 // A learner is healthy without a vote: /readyz alone would keep a
                 // learner not ready, and the operator promotes ready learners.
-                readiness_probe: Some(probe("/readyz?exclude=non_learner", 3, 1)),
-                liveness_probe: Some(probe("/livez", 8, 10)),
+                readiness_probe: Some(probe("/readyz?exclude=non_learner", 3, 0, 1)),
+                liveness_probe: Some(probe("/livez", 8, 10, 2)),
                 resources: spec.etcd.component.resources.clone(),
                 volume_mounts: Some(vec![
                     VolumeMount {
