@@ -58,6 +58,12 @@ const POLL_MAX: Duration = Duration::from_secs(60);
 /// this long in case one went unseen (see [`waits_on_watches`]).
 pub const WATCHED_RECHECK: Duration = Duration::from_secs(300);
 
+/// While old control-plane Pods shut down (after a roll), the Cluster is
+/// looked at again this soon: their going wakes nothing (only etcd members'
+/// Pods are watched), yet a component's version is reported only once none
+/// of its old Pods is left.
+const SHUTDOWN_RECHECK: Duration = Duration::from_secs(2);
+
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
 
@@ -690,6 +696,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     if !converging || watched {
         ctx.polls.forget(&key);
     }
+    let shutting_down = replicas_shutting_down(&pods);
     let next = if let Some(soon) = etcd_report.requeue {
         soon.min(idle)
     } else if converging && watched {
@@ -703,6 +710,11 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         wait.max(Duration::from_secs(1)).min(idle)
     } else {
         idle
+    };
+    let next = if shutting_down {
+        next.min(SHUTDOWN_RECHECK)
+    } else {
+        next
     };
     tracing::debug!(
         cluster = %names.cluster,
@@ -733,6 +745,14 @@ pub fn waits_on_watches(etcd: &crate::etcd::Report) -> bool {
             .iter()
             .any(|p| crate::etcd::pod_state(Some(p), now) != crate::membership::PodState::Ready);
     etcd.settled || (waiting_on_a_pod && etcd.pods.iter().all(|p| crate::etcd::restarts(p) == 0))
+}
+
+/// Whether a Deployment's Pod of the Cluster is shutting down (see
+/// [`SHUTDOWN_RECHECK`]); etcd members' Pods wake the Cluster themselves.
+fn replicas_shutting_down(pods: &[Pod]) -> bool {
+    pods.iter().any(|p| {
+        p.metadata.deletion_timestamp.is_some() && !p.labels().contains_key(etcd::MEMBER_LABEL)
+    })
 }
 
 /// A hash of what a status reports, without its timestamps: equal while a
@@ -940,6 +960,21 @@ mod tests {
             }
         }))
         .expect("pod")
+    }
+
+    #[test]
+    fn replicas_shutting_down_are_polled_and_members_are_not() {
+        let gone = Some(Time(Timestamp::UNIX_EPOCH));
+        let mut replica = member(true, 0);
+        replica.metadata.labels =
+            Some([("kubeonkube.io/cluster".to_string(), "c".to_string())].into());
+        assert!(!replicas_shutting_down(std::slice::from_ref(&replica)));
+        replica.metadata.deletion_timestamp = gone.clone();
+        assert!(replicas_shutting_down(&[member(true, 0), replica]));
+        let mut leaving = member(true, 0);
+        leaving.metadata.labels = Some([(etcd::MEMBER_LABEL.to_string(), "0".to_string())].into());
+        leaving.metadata.deletion_timestamp = gone;
+        assert!(!replicas_shutting_down(&[leaving]));
     }
 
     #[test]

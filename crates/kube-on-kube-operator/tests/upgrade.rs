@@ -1067,6 +1067,15 @@ async fn short_lived_certificates_rotate_without_an_outage() {
     // The components roll onto them: every control-plane Pod is replaced,
     // and every kube-apiserver serves a certificate of the new chain.
     let rolled = Instant::now();
+    // What the wait last saw, printed when it changes (a timeout says why).
+    let seen = std::sync::Mutex::new(String::new());
+    let saw = |what: String| {
+        let mut last = seen.lock().expect("lock");
+        if *last != what {
+            println!("{:?} after the renewal: {what}", rolled.elapsed());
+            *last = what;
+        }
+    };
     wait_for(
         "every component to run on the renewed certificates",
         Duration::from_secs(600),
@@ -1077,23 +1086,40 @@ async fn short_lived_certificates_rotate_without_an_outage() {
                     .iter()
                     .all(|(k, (u, _))| pods_before.get(k).is_none_or(|(old, _)| old != u));
             if !replaced {
+                saw(format!("{} Pods, not all replaced", now.len()));
                 return None;
             }
             let c = clusters.get(name).await.ok()?;
             if !(settled_at(&c, TO, 3)
                 && condition(&c, "CertificatesReady").as_deref() == Some("True"))
             {
+                saw(format!(
+                    "not settled: Ready {:?}, Progressing {:?}",
+                    condition(&c, "Ready"),
+                    progressing(&c)
+                ));
                 return None;
             }
             let current = certificates(&client, &ns, name).await;
             let serving = &current.leaves.get(&apiserver_tls)?.0;
             let answers = served(&client, &ns, name, &ca).await;
-            (answers.len() == 3
+            let done = answers.len() == 3
                 && answers.iter().all(|a| {
                     a.as_ref()
                         .is_ok_and(|(s, _)| s == serving && s != &before.leaves[&apiserver_tls].0)
-                }))
-            .then_some(())
+                });
+            if !done {
+                let shown: Vec<String> = answers
+                    .iter()
+                    .map(|a| match a {
+                        Ok((s, _)) if s == serving => "current".to_string(),
+                        Ok((s, _)) => format!("serial {s}"),
+                        Err(e) => e.chars().take(200).collect(),
+                    })
+                    .collect();
+                saw(format!("kube-apiservers serve {shown:?}"));
+            }
+            done.then_some(())
         },
     )
     .await;
