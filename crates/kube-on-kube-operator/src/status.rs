@@ -157,7 +157,10 @@ pub fn build(
             format!("{} etcd members ready", components.etcd.ready),
         ),
     };
-    let api_ok = if observed.apiserver.is_none() && !etcd_ok {
+    // The rollout's own rule, not a second reading of etcd's health.
+    let api_waits =
+        crate::rollout::apiserver_waits(observed.apiserver, observed.etcd.map_or(0, |r| r.ready));
+    let api_ok = if api_waits {
         set(
             APISERVER_READY,
             false,
