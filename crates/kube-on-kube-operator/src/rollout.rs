@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
@@ -233,12 +234,45 @@ pub async fn reconcile(
     };
     let controller_manager = apply_one(Component::ControllerManager).await?;
     let scheduler = apply_one(Component::Scheduler).await?;
+    let mut plan = plan;
+    plan.running = running_after_apply(
+        cluster,
+        names,
+        &ctx.config.registry,
+        deployments,
+        &[
+            apiserver.as_ref(),
+            Some(&controller_manager),
+            Some(&scheduler),
+        ],
+        pods,
+    );
     Ok(Outcome {
         apiserver,
         controller_manager,
         scheduler,
         plan,
     })
+}
+
+/// The version each component runs, judged from the Deployments the applies
+/// returned (over those read before). The status reports readiness from the
+/// applied ones, so a version read before the applies could lag the
+/// readiness shown beside it.
+fn running_after_apply(
+    cluster: &Cluster,
+    names: &Names,
+    registry: &str,
+    read: &BTreeMap<String, Deployment>,
+    applied: &[Option<&Deployment>],
+    pods: &[Pod],
+) -> Vec<(Component, Option<String>)> {
+    let mut latest = read.clone();
+    for d in applied.iter().flatten() {
+        latest.insert(d.name_any(), (*d).clone());
+    }
+    // etcd's state does not enter the running versions.
+    upgrade::running(&inputs(cluster, names, registry, &latest, pods, false, "").steps)
 }
 
 #[cfg(test)]
@@ -253,5 +287,85 @@ mod tests {
         // A running kube-apiserver stays when etcd stops serving.
         assert!(!apiserver_waits(Some(&live), 0));
         assert!(!apiserver_waits(Some(&live), 3));
+    }
+
+    /// A Deployment of `component` at `version`, `ready` of 3 replicas ready.
+    fn deployment(names: &Names, component: Component, version: &str, ready: i32) -> Deployment {
+        use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+        use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+        let mut d = Deployment {
+            spec: Some(DeploymentSpec {
+                replicas: Some(3),
+                template: PodTemplateSpec {
+                    spec: Some(PodSpec {
+                        containers: vec![Container {
+                            image: Some(format!(
+                                "registry.k8s.io/{}:v{version}",
+                                upgrade::display_name(component)
+                            )),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            status: Some(DeploymentStatus {
+                observed_generation: Some(1),
+                replicas: Some(3),
+                updated_replicas: Some(3),
+                ready_replicas: Some(ready),
+                available_replicas: Some(ready),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        d.metadata.name = Some(names.deployment(component));
+        d.metadata.generation = Some(1);
+        d
+    }
+
+    #[test]
+    fn running_versions_come_from_the_applied_deployments() {
+        let cluster: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+                .expect("example");
+        let names = Names::new(&cluster, "cluster.local");
+        let version = cluster.spec.version.clone();
+        // Read before the applies: kube-apiserver 2 of 3 ready, the others settled.
+        let read: BTreeMap<String, Deployment> = upgrade::ORDER
+            .iter()
+            .map(|&c| {
+                let ready = if c == Component::ApiServer { 2 } else { 3 };
+                (names.deployment(c), deployment(&names, c, &version, ready))
+            })
+            .collect();
+        let version_of = |running: &[(Component, Option<String>)], c: Component| {
+            running
+                .iter()
+                .find(|(x, _)| *x == c)
+                .and_then(|(_, v)| v.clone())
+        };
+        let before = running_after_apply(&cluster, &names, "registry.k8s.io", &read, &[], &[]);
+        assert_eq!(version_of(&before, Component::ApiServer), None);
+        assert_eq!(
+            version_of(&before, Component::Scheduler).as_deref(),
+            Some(version.as_str())
+        );
+        // Its apply answered with all 3 ready: that is what the status shows.
+        let applied = deployment(&names, Component::ApiServer, &version, 3);
+        let after = running_after_apply(
+            &cluster,
+            &names,
+            "registry.k8s.io",
+            &read,
+            &[Some(&applied), None],
+            &[],
+        );
+        assert_eq!(
+            version_of(&after, Component::ApiServer).as_deref(),
+            Some(version.as_str())
+        );
     }
 }

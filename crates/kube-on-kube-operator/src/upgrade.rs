@@ -309,8 +309,21 @@ pub fn plan(inputs: &Inputs) -> Plan {
         None if upgrading => progress_message(inputs, &templates),
         None => "every component runs its desired version".to_string(),
     };
-    let running = inputs
-        .steps
+    let running = running(&inputs.steps);
+    Plan {
+        templates,
+        upgrading,
+        message,
+        addons: refused.is_none() && !upgrading,
+        refused,
+        running,
+    }
+}
+
+/// Per component: the version every replica of its live Deployment runs,
+/// None while a rollout mixes templates (or before it exists).
+pub fn running(steps: &[Step]) -> Vec<(Component, Option<String>)> {
+    steps
         .iter()
         .map(|s| {
             let version = s
@@ -320,15 +333,7 @@ pub fn plan(inputs: &Inputs) -> Plan {
                 .and_then(|_| s.live_version());
             (s.component, version)
         })
-        .collect();
-    Plan {
-        templates,
-        upgrading,
-        message,
-        addons: refused.is_none() && !upgrading,
-        refused,
-        running,
-    }
+        .collect()
 }
 
 fn progress_message(inputs: &Inputs, templates: &[(Component, Decision, String)]) -> String {
