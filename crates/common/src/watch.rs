@@ -28,6 +28,101 @@ pub fn hash<T: std::hash::Hash>(value: &T) -> u64 {
     hasher.finish()
 }
 
+/// The resourceVersions this process's own writes of objects returned, by
+/// object uid. A write's own watch event carries exactly what the write
+/// returned, which the reconcile that wrote it has already seen: such an
+/// event wakes nothing (each one would otherwise be one more reconcile that
+/// finds nothing to do). At most one entry per object, dropped when its event
+/// arrives or the object is deleted.
+#[derive(Default)]
+pub struct OwnWrites {
+    versions: std::sync::Mutex<HashMap<String, String>>,
+}
+
+impl OwnWrites {
+    /// The process's registry, shared by its writes and its watches.
+    pub fn global() -> &'static OwnWrites {
+        static GLOBAL: std::sync::OnceLock<OwnWrites> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(OwnWrites::default)
+    }
+
+    /// Remember `written`, as a write of this process returned it.
+    pub fn record<K: Resource>(&self, written: &K) {
+        let m = written.meta();
+        if let (Some(uid), Some(version)) = (&m.uid, &m.resource_version) {
+            self.lock().insert(uid.clone(), version.clone());
+        }
+    }
+
+    /// Whether this watch event of `object` shows this process's own last
+    /// write of it, and nothing since (forgotten then: it is seen once).
+    pub fn own<K: Resource>(&self, object: &K) -> bool {
+        let m = object.meta();
+        let (Some(uid), Some(version)) = (&m.uid, &m.resource_version) else {
+            return false;
+        };
+        let mut versions = self.lock();
+        if versions.get(uid) == Some(version) {
+            versions.remove(uid);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Forget a deleted object.
+    pub fn forget<K: Resource>(&self, object: &K) {
+        if let Some(uid) = &object.meta().uid {
+            self.lock().remove(uid);
+        }
+    }
+
+    /// Objects remembered.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.versions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether a watch event wakes a reconcile, judged by [`OwnWrites`]: not when
+/// it only shows this process's own write. Deletions always do.
+pub fn wakes<K: Resource>(own: &OwnWrites, event: &Event<K>) -> bool {
+    match event {
+        Event::Apply(k) | Event::InitApply(k) => !own.own(k),
+        Event::Delete(k) => {
+            own.forget(k);
+            true
+        }
+        Event::Init | Event::InitDone => true,
+    }
+}
+
+/// The objects of a watch's events that wake a reconcile, as
+/// `touched_objects` gives them, but without this process's own writes (see
+/// [`wakes`]).
+pub fn touched<K, S>(events: S) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    events.filter_map(|event| {
+        futures::future::ready(match event {
+            Err(error) => Some(Err(error)),
+            Ok(event) if !wakes(OwnWrites::global(), &event) => None,
+            Ok(Event::Apply(k) | Event::InitApply(k) | Event::Delete(k)) => Some(Ok(k)),
+            Ok(Event::Init | Event::InitDone) => None,
+        })
+    })
+}
+
 /// What a watch remembers of the objects it saw, and what it passes on.
 #[derive(Default)]
 pub struct Changes {
@@ -84,7 +179,8 @@ impl Changes {
 }
 
 /// Watch `api` with `config` and pass on only the objects a `Owner` owns
-/// whose `fingerprint` changed, and deleted ones; a trigger stream for
+/// whose `fingerprint` changed, and deleted ones, unless the change is this
+/// process's own write ([`OwnWrites`]); a trigger stream for
 /// `Controller::owns_stream`. Objects owned by anything else (a ReplicaSet's
 /// Pods, say) could not wake an `Owner` and are dropped unseen. Counted in
 /// `kok_watch_events_total` by kind and whether the event was passed on.
@@ -113,7 +209,10 @@ where
                         event,
                         Event::Apply(_) | Event::InitApply(_) | Event::Delete(_)
                     );
-                    let passed = changes.pass(event, fingerprint);
+                    // Remembered either way, so the next change compares
+                    // with it.
+                    let own = !wakes(OwnWrites::global(), &event);
+                    let passed = changes.pass(event, fingerprint).filter(|_| !own);
                     if object_event {
                         metrics.watch_event(&kind, passed.is_some());
                     }
@@ -168,6 +267,36 @@ mod tests {
             name(c.pass(Event::Apply(pod("a", "Running", "n1")), phase)),
             Some("a".into())
         );
+    }
+
+    fn versioned(uid: &str, version: &str) -> Pod {
+        let mut p = pod(uid, "Pending", "");
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    #[test]
+    fn an_own_write_wakes_nothing_once_and_later_changes_do() {
+        let own = OwnWrites::default();
+        own.record(&versioned("a", "5"));
+        // Another object, and a write seen before this one: they wake.
+        assert!(wakes(&own, &Event::Apply(versioned("b", "5"))));
+        assert!(wakes(&own, &Event::Apply(versioned("a", "4"))));
+        // The write's own event does not, and only once.
+        assert!(!wakes(&own, &Event::Apply(versioned("a", "5"))));
+        assert!(own.is_empty());
+        assert!(wakes(&own, &Event::Apply(versioned("a", "5"))));
+        assert!(wakes(&own, &Event::Apply(versioned("a", "6"))));
+        // A relist showing an own write is one too; a deletion always wakes
+        // and forgets the object.
+        own.record(&versioned("a", "7"));
+        assert!(!wakes(&own, &Event::InitApply(versioned("a", "7"))));
+        own.record(&versioned("a", "8"));
+        assert!(wakes(&own, &Event::Delete(versioned("a", "8"))));
+        assert!(own.is_empty());
+        // Objects without a uid or version are never taken for own writes.
+        own.record(&pod("c", "Pending", ""));
+        assert!(own.is_empty());
     }
 
     #[test]

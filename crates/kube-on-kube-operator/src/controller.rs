@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kok_common::backoff::{Backoff, Poll};
-use kok_common::watch::{changes, hash};
+use kok_common::watch::{OwnWrites, changes, hash};
 use kube::api::{
     Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PropagationPolicy,
 };
@@ -174,9 +174,7 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        watcher(api, selector.clone())
-            .default_backoff()
-            .touched_objects()
+        kok_common::watch::touched(watcher(api, selector.clone()).default_backoff())
     }
     let members =
         watcher::Config::default().labels(&format!("{CLUSTER_LABEL},{}", etcd::MEMBER_LABEL));
@@ -290,7 +288,9 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    Ok(kok_common::apply::apply(api, MANAGER, &name, obj).await?)
+    let written = kok_common::apply::apply(api, MANAGER, &name, obj).await?;
+    OwnWrites::global().record(&written);
+    Ok(written)
 }
 
 /// The URL users and kubelets reach the business API at.

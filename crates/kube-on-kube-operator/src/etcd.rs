@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
+use kok_common::watch::OwnWrites;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
@@ -848,7 +849,7 @@ impl Act<'_> {
             && self.slots[index].claim == ClaimState::Absent
         {
             match self.claims.create(&PostParams::default(), &claim).await {
-                Ok(_) => {}
+                Ok(created) => OwnWrites::global().record(&created),
                 // Made by an earlier attempt of this very step.
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => return Err(Error::Kube(e)),
@@ -868,7 +869,10 @@ impl Act<'_> {
             },
         );
         match self.pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => Ok(()),
+            Ok(created) => {
+                OwnWrites::global().record(&created);
+                Ok(())
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
             Err(e) => Err(Error::Kube(e)),
         }
