@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
@@ -135,23 +134,40 @@ pub fn inputs(
     etcd_settled: bool,
     etcd_version: &str,
 ) -> upgrade::Inputs {
+    upgrade::Inputs {
+        etcd_settled,
+        etcd_version: etcd_version.to_string(),
+        steps: steps(cluster, registry, pods, |c| {
+            deployments.get(&names.deployment(c))
+        }),
+        was_upgrading: was_upgrading(cluster),
+    }
+}
+
+/// Each component's step, with its live Deployment as `deployment` gives it.
+fn steps<'a>(
+    cluster: &Cluster,
+    registry: &str,
+    pods: &[Pod],
+    deployment: impl Fn(Component) -> Option<&'a Deployment>,
+) -> Vec<Step> {
     let version = &cluster.spec.version;
-    let steps = upgrade::ORDER
+    upgrade::ORDER
         .iter()
         .map(|&component| {
             let spec = component_spec(cluster, component);
-            let component_pods: Vec<Pod> = pods
+            let terminating = pods
                 .iter()
                 .filter(|p| {
-                    p.metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(COMPONENT_LABEL))
-                        .map(String::as_str)
-                        == Some(component.as_str())
+                    p.metadata.deletion_timestamp.is_some()
+                        && p.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(COMPONENT_LABEL))
+                            .map(String::as_str)
+                            == Some(component.as_str())
                 })
-                .cloned()
-                .collect();
+                .count();
             Step {
                 component,
                 desired_image: desired_image(
@@ -161,18 +177,10 @@ pub fn inputs(
                     version,
                 ),
                 desired_version: spec.version.clone().unwrap_or_else(|| version.clone()),
-                live: deployments
-                    .get(&names.deployment(component))
-                    .and_then(|d| Live::of(d, upgrade::terminating_pods(&component_pods))),
+                live: deployment(component).and_then(|d| Live::of(d, terminating)),
             }
         })
-        .collect();
-    upgrade::Inputs {
-        etcd_settled,
-        etcd_version: etcd_version.to_string(),
-        steps,
-        was_upgrading: was_upgrading(cluster),
-    }
+        .collect()
 }
 
 /// Plan and apply the three Deployments. `pods` are the cluster's Pods (etcd
@@ -267,12 +275,16 @@ fn running_after_apply(
     applied: &[Option<&Deployment>],
     pods: &[Pod],
 ) -> Vec<(Component, Option<String>)> {
-    let mut latest = read.clone();
-    for d in applied.iter().flatten() {
-        latest.insert(d.name_any(), (*d).clone());
-    }
-    // etcd's state does not enter the running versions.
-    upgrade::running(&inputs(cluster, names, registry, &latest, pods, false, "").steps)
+    let latest = |c: Component| {
+        let name = names.deployment(c);
+        applied
+            .iter()
+            .flatten()
+            .find(|d| d.metadata.name.as_deref() == Some(name.as_str()))
+            .copied()
+            .or_else(|| read.get(&name))
+    };
+    upgrade::running(&steps(cluster, registry, pods, latest))
 }
 
 #[cfg(test)]

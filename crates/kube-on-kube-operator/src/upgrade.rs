@@ -147,13 +147,6 @@ pub fn template_image(deployment: &Deployment) -> Option<String> {
         .clone()
 }
 
-/// Pods of a component that are shutting down.
-pub fn terminating_pods(pods: &[Pod]) -> usize {
-    pods.iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_some())
-        .count()
-}
-
 /// What runs of one component.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Live {
