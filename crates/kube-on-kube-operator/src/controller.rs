@@ -82,6 +82,9 @@ pub struct Config {
     /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
     /// its own namespace's.
     pub addon_template_namespace: Option<String>,
+    /// First wait before a failed add-on step is tried again; it doubles up
+    /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
+    pub addon_retry: Duration,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             etcd_version: "3.6.16".into(),
             node_operator_image: None,
             addon_template_namespace: None,
+            addon_retry: ADDON_RETRY_FIRST,
         }
     }
 }
@@ -115,11 +119,12 @@ pub struct Context {
 impl Context {
     /// A context with no failures recorded yet.
     pub fn new(client: Client, recorder: Recorder, config: Config) -> Self {
+        let retry = config.addon_retry;
         Context {
             client,
             recorder,
             config,
-            addon_backoff: Backoff::new(ADDON_RETRY_FIRST, ADDON_RETRY_MAX),
+            addon_backoff: Backoff::new(retry, retry.max(ADDON_RETRY_MAX)),
             polls: Poll::new(POLL_FIRST, POLL_MAX),
         }
     }

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use kok_common::client::ClientArgs;
+use kok_common::duration::parse as parse_duration;
 use kok_common::leader::pod_namespace;
 use kok_common::operator::RuntimeArgs;
 use kok_common::telemetry::LogArgs;
@@ -49,6 +50,12 @@ struct Args {
     /// is always searched first).
     #[arg(long, env = "KOK_ADDON_TEMPLATE_NAMESPACE")]
     addon_template_namespace: Option<String>,
+    /// First wait before a failed add-on step (say, a business API that does
+    /// not answer yet) is tried again, as `3s`, `1m`; each further failure
+    /// doubles it, up to 5 minutes (or this wait, when longer). A retry is a
+    /// whole reconcile of the Cluster.
+    #[arg(long, env = "KOK_ADDON_RETRY", default_value = "3s", value_parser = parse_duration)]
+    addon_retry: std::time::Duration,
 }
 
 #[tokio::main]
@@ -62,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         etcd_version: args.etcd_version,
         node_operator_image: args.node_operator_image,
         addon_template_namespace: args.addon_template_namespace,
+        addon_retry: args.addon_retry,
     };
     // Operators scoped to different namespaces do not compete for one Lease.
     let lease = match &args.namespace {
