@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::applied::{Applied, Version, desired_hash, resource_version};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
@@ -114,6 +115,8 @@ pub struct Context {
     pub addon_backoff: Backoff<addons::Report>,
     /// How soon converging Clusters are looked at again (see [`Poll`]).
     pub polls: Poll,
+    /// What the last applies returned, to skip unchanged ones.
+    pub applied: Applied,
 }
 
 impl Context {
@@ -126,6 +129,7 @@ impl Context {
             config,
             addon_backoff: Backoff::new(retry, retry.max(ADDON_RETRY_MAX)),
             polls: Poll::new(POLL_FIRST, POLL_MAX),
+            applied: Applied::default(),
         }
     }
 }
@@ -298,6 +302,31 @@ where
     Ok(written)
 }
 
+/// Apply `desired` unless `live` is still what its last apply returned (see
+/// [`crate::applied`]); the live object, or what the apply returned.
+pub(crate) async fn apply_if_changed<K>(
+    ctx: &Context,
+    names: &Names,
+    api: &Api<K>,
+    desired: &K,
+    live: Option<&K>,
+    version: Version<K>,
+) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let key = names.key();
+    let want = desired_hash(desired);
+    if let Some(live) = live
+        && ctx.applied.unchanged(&key, want, live, version)
+    {
+        return Ok(live.clone());
+    }
+    let written = apply(api, desired).await?;
+    ctx.applied.record(&key, want, &written, version);
+    Ok(written)
+}
+
 /// The URL users and kubelets reach the business API at.
 fn external_url(cluster: &Cluster, names: &Names, external: Option<&Service>) -> String {
     let spec = &cluster.spec.api_server.external;
@@ -461,6 +490,11 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .into_iter()
         .map(|d| (d.name_any(), d))
         .collect();
+    let services: BTreeMap<String, Service> = list(&services_api, &names.cluster)
+        .await?
+        .into_iter()
+        .map(|s| (s.name_any(), s))
+        .collect();
 
     if spec.paused {
         // Only read, never applied, while paused.
@@ -469,11 +503,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             .into_iter()
             .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
             .collect();
-        let external = services_api
-            .get_opt(&names.apiserver_external_service())
-            .await
-            .map_err(Error::Kube)?;
-        let endpoint = external_url(&cluster, &names, external.as_ref());
+        let external = services.get(&names.apiserver_external_service());
+        let endpoint = external_url(&cluster, &names, external);
         let observed = status::Observed {
             etcd_pods: &etcd_pods,
             apiserver: deployments.get(&names.deployment(Component::ApiServer)),
@@ -499,16 +530,20 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 
     // The apiserver Services first: their addresses go into the serving
     // certificate, and issuing it before they exist would mean issuing it twice.
-    let internal_svc = apply(
-        &services_api,
-        &control_plane::apiserver_internal_service(&cluster, &names),
-    )
-    .await?;
-    let external_svc = apply(
-        &services_api,
-        &control_plane::apiserver_external_service(&cluster, &names),
-    )
-    .await?;
+    let service = async |desired: Service| {
+        let live = services.get(desired.metadata.name.as_deref().unwrap_or_default());
+        apply_if_changed(
+            &ctx,
+            &names,
+            &services_api,
+            &desired,
+            live,
+            resource_version,
+        )
+        .await
+    };
+    let internal_svc = service(control_plane::apiserver_internal_service(&cluster, &names)).await?;
+    let external_svc = service(control_plane::apiserver_external_service(&cluster, &names)).await?;
     let endpoint = external_url(&cluster, &names, Some(&external_svc));
     // Then certificates: everything else mounts them.
     let ips = service_ips(&[&internal_svc, &external_svc]);
@@ -577,7 +612,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 
     // etcd: member Pods, claims and Services, and membership changes one at
     // a time (see the etcd module).
-    let etcd_report = crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets).await?;
+    let etcd_report =
+        crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets, &services).await?;
     let etcd_pods = etcd_report.pods.clone();
 
     // The stateless control plane, upgraded in order behind etcd.
@@ -833,6 +869,7 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     let key = names.key();
     ctx.polls.forget(&key);
     ctx.addon_backoff.succeeded(&key);
+    ctx.applied.forget(&key);
     if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
         return Ok(Action::await_change());
     }

@@ -23,7 +23,8 @@ use kube_on_kube_api::cluster::EtcdMemberStatus;
 use serde_json::json;
 
 use crate::Error;
-use crate::controller::{Config, Context, apply, hash_of, list, publish};
+use crate::applied::resource_version;
+use crate::controller::{Config, Context, apply_if_changed, hash_of, list, publish};
 use crate::etcd_api::{EtcdClient, EtcdError, Member, Status};
 use crate::membership::{self, ClaimState, ClusterState, Observed, PodState, Slot, Step};
 use crate::names::Names;
@@ -378,11 +379,13 @@ enum Outcome {
 }
 
 /// The etcd step of the reconcile. Not called while the Cluster is paused.
+/// `services` are the Cluster's Services as the reconcile read them.
 pub async fn reconcile(
     ctx: &Context,
     cluster: &Cluster,
     names: &Names,
     secrets: &BTreeMap<String, Secret>,
+    services: &BTreeMap<String, Service>,
 ) -> Result<Report, Error> {
     let client = &ctx.client;
     let ns = &names.namespace;
@@ -417,14 +420,14 @@ pub async fn reconcile(
 
     // Services first: a member's name must resolve before it starts. Kept
     // for every slot that is wanted or still holds something.
-    apply(&services_api, &render::client_service(cluster, names)).await?;
+    let service = async |desired: Service| {
+        let live = services.get(desired.metadata.name.as_deref().unwrap_or_default());
+        apply_if_changed(ctx, names, &services_api, &desired, live, resource_version).await
+    };
+    service(render::client_service(cluster, names)).await?;
     for (index, slot) in slots.iter().enumerate() {
         if index < desired || slot.pod != PodState::Absent || slot.claim != ClaimState::Absent {
-            apply(
-                &services_api,
-                &render::member_service(cluster, names, index),
-            )
-            .await?;
+            service(render::member_service(cluster, names, index)).await?;
         }
     }
 

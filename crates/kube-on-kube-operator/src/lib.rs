@@ -3,6 +3,7 @@
 //! kube-controller-manager, kube-scheduler, add-ons) to its spec.
 
 pub mod addons;
+pub mod applied;
 pub mod certs;
 pub mod controller;
 pub mod error;

@@ -297,8 +297,35 @@ pub struct CertInfo {
     pub subject_key_id: Option<Vec<u8>>,
 }
 
+/// Certificates read before, by the SHA-256 of their PEM text: every reconcile
+/// of a Cluster checks each of its certificates (for renewal, and for the
+/// expiry metric), and they seldom change.
+static INSPECTED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<[u8; 32], CertInfo>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Certificates [`INSPECTED`] keeps before it starts over (a few per Cluster
+/// live at a time; renewed ones are never asked for again).
+const INSPECTED_MAX: usize = 100_000;
+
 /// Read a PEM certificate.
 pub fn inspect(cert_pem: &str) -> Result<CertInfo, PkiError> {
+    use sha2::Digest as _;
+    let key: [u8; 32] = sha2::Sha256::digest(cert_pem.as_bytes()).into();
+    let lock = || INSPECTED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(info) = lock().get(&key) {
+        return Ok(info.clone());
+    }
+    let info = parse_certificate(cert_pem)?;
+    let mut inspected = lock();
+    if inspected.len() >= INSPECTED_MAX {
+        inspected.clear();
+    }
+    inspected.insert(key, info.clone());
+    Ok(info)
+}
+
+fn parse_certificate(cert_pem: &str) -> Result<CertInfo, PkiError> {
     use x509_parser::extensions::{GeneralName, ParsedExtension};
     let parse = |message: String| PkiError::Parse {
         what: "certificate",
@@ -424,6 +451,26 @@ mod tests {
         assert_eq!(
             reissue_reason(&info, &ca_info, &spec(), now(), Duration::from_secs(600)),
             None
+        );
+    }
+
+    #[test]
+    fn a_certificate_read_again_comes_from_memory_and_bad_text_is_never_kept() {
+        let ca = new_ca("kubernetes", now()).expect("ca");
+        let leaf = issue(&ca, &spec(), now(), Duration::from_secs(3600)).expect("leaf");
+        let first = inspect(&leaf.cert_pem).expect("inspect");
+        let key: [u8; 32] = {
+            use sha2::Digest as _;
+            sha2::Sha256::digest(leaf.cert_pem.as_bytes()).into()
+        };
+        let kept = INSPECTED.lock().expect("lock").get(&key).cloned();
+        assert_eq!(kept.as_ref(), Some(&first));
+        assert_eq!(inspect(&leaf.cert_pem).expect("again"), first);
+        let bad = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(inspect(bad).is_err());
+        assert!(
+            inspect(bad).is_err(),
+            "an error is not remembered as a result"
         );
     }
 

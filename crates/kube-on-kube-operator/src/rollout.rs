@@ -14,7 +14,8 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ComponentSpec;
 use kube_on_kube_api::shared::COMPONENT_LABEL;
 
-use crate::controller::{Context, apply, hash_of, publish};
+use crate::applied::generation;
+use crate::controller::{Context, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
 use crate::render::control_plane::{self, PodInputs};
 use crate::upgrade::{self, Live, Plan, Step};
@@ -230,7 +231,8 @@ pub async fn reconcile(
                 config_hash: &hash,
             },
         );
-        apply(&api, &desired).await
+        let live = deployments.get(&names.deployment(component));
+        apply_if_changed(ctx, names, &api, &desired, live, generation).await
     };
     let apiserver = if apiserver_waits(
         deployments.get(&names.deployment(Component::ApiServer)),
