@@ -211,14 +211,6 @@ pub async fn reconcile(
         etcd_version,
     );
     let plan = upgrade::plan(&inputs);
-    for note in upgrade::events(&inputs, &plan, &previous_versions(cluster)) {
-        let type_ = if note.reason == "UpgradeRefused" {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        publish(ctx, cluster, type_, note.reason, note.action, note.note).await;
-    }
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();
         let hash = hash_of(secrets, &mounted_secrets(names, component), image);
@@ -244,8 +236,7 @@ pub async fn reconcile(
     };
     let controller_manager = apply_one(Component::ControllerManager).await?;
     let scheduler = apply_one(Component::Scheduler).await?;
-    let mut plan = plan;
-    plan.running = running_after_apply(
+    let after = steps_after_apply(
         cluster,
         names,
         &ctx.config.registry,
@@ -257,6 +248,16 @@ pub async fn reconcile(
         ],
         pods,
     );
+    for note in upgrade::events(&inputs, &after, &plan, &previous_versions(cluster)) {
+        let type_ = if note.reason == "UpgradeRefused" {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(ctx, cluster, type_, note.reason, note.action, note.note).await;
+    }
+    let mut plan = plan;
+    plan.running = upgrade::running(&after);
     Ok(Outcome {
         apiserver,
         controller_manager,
@@ -265,18 +266,19 @@ pub async fn reconcile(
     })
 }
 
-/// The version each component runs, judged from the Deployments the applies
+/// Each component's step as the applies left it: from the Deployments they
 /// returned (over those read before). The status reports readiness from the
-/// applied ones, so a version read before the applies could lag the
+/// applied ones, so the running versions and the Events that announce them are
+/// judged from them too: a version read before the applies could lag the
 /// readiness shown beside it.
-fn running_after_apply(
+fn steps_after_apply(
     cluster: &Cluster,
     names: &Names,
     registry: &str,
     read: &BTreeMap<String, Deployment>,
     applied: &[Option<&Deployment>],
     pods: &[Pod],
-) -> Vec<(Component, Option<String>)> {
+) -> Vec<Step> {
     let latest = |c: Component| {
         let name = names.deployment(c);
         applied
@@ -286,7 +288,7 @@ fn running_after_apply(
             .copied()
             .or_else(|| read.get(&name))
     };
-    upgrade::running(&steps(cluster, registry, pods, latest))
+    steps(cluster, registry, pods, latest)
 }
 
 #[cfg(test)]
@@ -361,7 +363,14 @@ mod tests {
                 .find(|(x, _)| *x == c)
                 .and_then(|(_, v)| v.clone())
         };
-        let before = running_after_apply(&cluster, &names, "registry.k8s.io", &read, &[], &[]);
+        let before = upgrade::running(&steps_after_apply(
+            &cluster,
+            &names,
+            "registry.k8s.io",
+            &read,
+            &[],
+            &[],
+        ));
         assert_eq!(version_of(&before, Component::ApiServer), None);
         assert_eq!(
             version_of(&before, Component::Scheduler).as_deref(),
@@ -369,14 +378,14 @@ mod tests {
         );
         // Its apply answered with all 3 ready: that is what the status shows.
         let applied = deployment(&names, Component::ApiServer, &version, 3);
-        let after = running_after_apply(
+        let after = upgrade::running(&steps_after_apply(
             &cluster,
             &names,
             "registry.k8s.io",
             &read,
             &[Some(&applied), None],
             &[],
-        );
+        ));
         assert_eq!(
             version_of(&after, Component::ApiServer).as_deref(),
             Some(version.as_str())

@@ -411,7 +411,12 @@ pub fn upgrade_action(component: Component) -> &'static str {
 
 /// The Events a plan calls for, given the versions the previous status
 /// reported per component (in [`ORDER`]).
-pub fn events(inputs: &Inputs, plan: &Plan, previous: &[Option<String>]) -> Vec<Note> {
+pub fn events(
+    inputs: &Inputs,
+    after: &[Step],
+    plan: &Plan,
+    previous: &[Option<String>],
+) -> Vec<Note> {
     let mut out = Vec::new();
     if plan.upgrading && !inputs.was_upgrading {
         let from: Vec<String> = inputs
@@ -442,7 +447,10 @@ pub fn events(inputs: &Inputs, plan: &Plan, previous: &[Option<String>]) -> Vec<
         });
     }
     if inputs.was_upgrading {
-        for (i, step) in inputs.steps.iter().enumerate() {
+        // The status reports a component's version from the Deployments as
+        // the applies left them: a component is announced by the same
+        // reading, or its announcement could be missed.
+        for (i, step) in after.iter().enumerate() {
             let before = previous.get(i).cloned().flatten();
             if step.settled_at_desired() && before.as_deref() != Some(&step.desired_version) {
                 let replicas = step.live.as_ref().map_or(0, |l| l.rollout.desired);
@@ -579,7 +587,7 @@ mod tests {
         assert_eq!(decisions(&p), vec![Decision::Keep; 3]);
         assert!(!p.upgrading && p.addons && p.refused.is_none());
         assert_eq!(p.running(Component::Scheduler), Some("1.35.4"));
-        assert!(events(&i, &p, &[None, None, None]).is_empty());
+        assert!(events(&i, &i.steps, &p, &[None, None, None]).is_empty());
     }
 
     #[test]
@@ -665,6 +673,7 @@ mod tests {
         );
         let notes = events(
             &i,
+            &i.steps,
             &p,
             &[None, Some("1.35.3".into()), Some("1.35.3".into())],
         );
@@ -720,6 +729,7 @@ mod tests {
         assert!(!p.upgrading && p.addons);
         let reasons: Vec<_> = events(
             &i,
+            &i.steps,
             &p,
             &[Some("1.35.4".into()), Some("1.35.4".into()), None],
         )
@@ -730,10 +740,38 @@ mod tests {
     }
 
     #[test]
+    fn a_component_is_announced_when_its_applied_deployment_settles() {
+        // Read before the applies, the scheduler still rolled; its apply
+        // answered settled, and that is the version the status reports: the
+        // announcement goes with it, or the next pass would find the status
+        // already at the new version and never make it.
+        let mut i = inputs(
+            &[
+                ("1.35.4", settled(3)),
+                ("1.35.4", settled(3)),
+                ("1.35.4", rolling(3, 3)),
+            ],
+            "1.35.4",
+            true,
+        );
+        i.was_upgrading = true;
+        let p = plan(&i);
+        let previous = [Some("1.35.4".into()), Some("1.35.4".into()), None];
+        assert!(events(&i, &i.steps, &p, &previous).is_empty());
+        let mut after = i.steps.clone();
+        after[2].live.as_mut().expect("live").rollout = settled(3);
+        let notes = events(&i, &after, &p, &previous);
+        assert_eq!(
+            notes.iter().map(|n| n.note.as_str()).collect::<Vec<_>>(),
+            ["kube-scheduler runs v1.35.4 on 3/3 replicas"]
+        );
+    }
+
+    #[test]
     fn starting_an_upgrade_is_announced_once() {
         let i = inputs(&[("1.35.3", settled(3)); 3], "1.35.4", true);
         let p = plan(&i);
-        let notes = events(&i, &p, &vec![Some("1.35.3".into()); 3]);
+        let notes = events(&i, &i.steps, &p, &vec![Some("1.35.3".into()); 3]);
         assert_eq!(notes.len(), 1);
         assert_eq!(notes[0].reason, "UpgradeStarted");
         assert!(notes[0].note.contains("to v1.35.4"), "{}", notes[0].note);
@@ -744,7 +782,15 @@ mod tests {
         );
         let mut again = i.clone();
         again.was_upgrading = true;
-        assert!(events(&again, &plan(&again), &vec![Some("1.35.3".into()); 3]).is_empty());
+        assert!(
+            events(
+                &again,
+                &again.steps,
+                &plan(&again),
+                &vec![Some("1.35.3".into()); 3]
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -760,7 +806,7 @@ mod tests {
         assert!(reason.starts_with("kube-apiserver: "), "{reason}");
         assert!(!p.upgrading && !p.addons);
         assert_eq!(
-            events(&i, &p, &[None, None, None])
+            events(&i, &i.steps, &p, &[None, None, None])
                 .iter()
                 .map(|n| n.reason)
                 .collect::<Vec<_>>(),

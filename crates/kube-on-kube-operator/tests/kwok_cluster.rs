@@ -426,6 +426,53 @@ async fn a_cluster_waiting_for_its_pods_is_woken_by_them_not_polled() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+
+    // Edits of its Deployments and Services are undone: they changed since
+    // the operator's last apply, which it does not repeat otherwise.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let managed_by = "app.kubernetes.io/managed-by";
+    deployments
+        .patch(
+            "stuck-apiserver",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("scale the kube-apiserver Deployment");
+    services
+        .patch(
+            "stuck-apiserver",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {managed_by: null}}})),
+        )
+        .await
+        .expect("drop a label of the kube-apiserver Service");
+    let edited = Instant::now();
+    loop {
+        let replicas = deployments
+            .get("stuck-apiserver")
+            .await
+            .expect("get")
+            .spec
+            .and_then(|s| s.replicas);
+        let label = services
+            .get("stuck-apiserver")
+            .await
+            .expect("get")
+            .labels()
+            .get(managed_by)
+            .cloned();
+        if replicas == Some(1) && label.is_some() {
+            println!("edits undone {:?} after they were made", edited.elapsed());
+            break;
+        }
+        assert!(
+            edited.elapsed() < Duration::from_secs(10),
+            "edits not undone in 10 s: replicas {replicas:?}, label {label:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     controller.abort();
     api.delete("stuck", &DeleteParams::background())
         .await
