@@ -46,7 +46,7 @@ const IDLE_RECHECK: Duration = Duration::from_secs(3600);
 /// Short, because the first attempts often meet a business API that has just
 /// started (replicas Ready before every one is reachable) and answers
 /// seconds later.
-const ADDON_RETRY_FIRST: Duration = Duration::from_secs(3);
+const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
 const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// A converging Cluster is looked at again this soon after its status

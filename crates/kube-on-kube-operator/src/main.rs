@@ -51,10 +51,10 @@ struct Args {
     #[arg(long, env = "KOK_ADDON_TEMPLATE_NAMESPACE")]
     addon_template_namespace: Option<String>,
     /// First wait before a failed add-on step (say, a business API that does
-    /// not answer yet) is tried again, as `3s`, `1m`; each further failure
+    /// not answer yet) is tried again, as `1s`, `1m`; each further failure
     /// doubles it, up to 5 minutes (or this wait, when longer). A retry is a
     /// whole reconcile of the Cluster.
-    #[arg(long, env = "KOK_ADDON_RETRY", default_value = "3s", value_parser = parse_duration)]
+    #[arg(long, env = "KOK_ADDON_RETRY", default_value = "1s", value_parser = parse_duration)]
     addon_retry: std::time::Duration,
 }
 

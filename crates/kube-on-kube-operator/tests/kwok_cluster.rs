@@ -164,7 +164,7 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
     }
 
     // Simulated Pods serve no business API, so the add-on step fails; it is
-    // retried after its backoff (3 s, then doubling), not on every
+    // retried after its backoff (1 s, then doubling), not on every
     // reconcile, and the condition says when the next attempt is due: no
     // pass retries it before that time.
     let addons = |c: &Cluster| {
