@@ -32,6 +32,9 @@ use crate::render::control_plane::internal_api_url;
 use crate::render::{config_hash, kubeconfig, owner};
 use crate::secrets;
 
+/// How long a connection to a business API may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Data key of the inventory ConfigMap.
 pub const INVENTORY_KEY: &str = "inventory.json";
 /// An unchanged add-on is applied again after this long anyway, which
@@ -64,7 +67,11 @@ pub async fn business_client(
     let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
         .await
         .map_err(|e| format!("secret {secret}: {e}"))?;
-    config.connect_timeout = Some(Duration::from_secs(5));
+    // The internal Service is in the operator's own network: a connection
+    // that is not made within a second will not be made. Waiting longer
+    // only holds a reconcile worker (of `--concurrency`) away from the
+    // other Clusters while an unreachable business API is retried.
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(Duration::from_secs(15));
     Client::try_from(config).map_err(|e| e.to_string())
 }
