@@ -6,7 +6,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::applied::{Applied, Version, desired_hash, resource_version};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
@@ -26,6 +25,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
+use crate::applied::{Applied, Version, desired_hash, resource_version};
 use crate::names::{Component, Names};
 use crate::render::config_hash;
 use crate::render::control_plane;
@@ -302,14 +302,15 @@ where
     Ok(written)
 }
 
-/// Apply `desired` unless `live` is still what its last apply returned (see
+/// Apply `desired` unless its live copy in `read` (the Cluster's objects of
+/// its kind, by name) is still what its last apply returned (see
 /// [`crate::applied`]); the live object, or what the apply returned.
 pub(crate) async fn apply_if_changed<K>(
     ctx: &Context,
     names: &Names,
     api: &Api<K>,
     desired: &K,
-    live: Option<&K>,
+    read: &BTreeMap<String, K>,
     version: Version<K>,
 ) -> Result<K, Error>
 where
@@ -317,7 +318,7 @@ where
 {
     let key = names.key();
     let want = desired_hash(desired);
-    if let Some(live) = live
+    if let Some(live) = desired.meta().name.as_ref().and_then(|n| read.get(n))
         && ctx.applied.unchanged(&key, want, live, version)
     {
         return Ok(live.clone());
@@ -531,13 +532,12 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     // The apiserver Services first: their addresses go into the serving
     // certificate, and issuing it before they exist would mean issuing it twice.
     let service = async |desired: Service| {
-        let live = services.get(desired.metadata.name.as_deref().unwrap_or_default());
         apply_if_changed(
             &ctx,
             &names,
             &services_api,
             &desired,
-            live,
+            &services,
             resource_version,
         )
         .await

@@ -421,8 +421,15 @@ pub async fn reconcile(
     // Services first: a member's name must resolve before it starts. Kept
     // for every slot that is wanted or still holds something.
     let service = async |desired: Service| {
-        let live = services.get(desired.metadata.name.as_deref().unwrap_or_default());
-        apply_if_changed(ctx, names, &services_api, &desired, live, resource_version).await
+        apply_if_changed(
+            ctx,
+            names,
+            &services_api,
+            &desired,
+            services,
+            resource_version,
+        )
+        .await
     };
     service(render::client_service(cluster, names)).await?;
     for (index, slot) in slots.iter().enumerate() {

@@ -223,8 +223,7 @@ pub async fn reconcile(
                 config_hash: &hash,
             },
         );
-        let live = deployments.get(&names.deployment(component));
-        apply_if_changed(ctx, names, &api, &desired, live, generation).await
+        apply_if_changed(ctx, names, &api, &desired, deployments, generation).await
     };
     let apiserver = if apiserver_waits(
         deployments.get(&names.deployment(Component::ApiServer)),
