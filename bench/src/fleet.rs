@@ -36,10 +36,11 @@ pub struct Args {
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
     /// The operator's `--addon-retry`. The simulated business APIs never
-    /// answer, so each Cluster's add-on step fails and is retried (3 s,
+    /// answer, so each Cluster's add-on step fails and is retried (1 s,
     /// doubling) for as long as the run lasts, and longer runs do more
-    /// retries. A wait longer than the run (`30m`) leaves only the work of
-    /// converging the Clusters.
+    /// retries (each the add-on step alone, without a full reconcile). A
+    /// wait longer than the run (`30m`) leaves only the work of converging
+    /// the Clusters.
     #[arg(long)]
     pub addon_retry: Option<String>,
     /// Append the results table to this file.
@@ -66,6 +67,9 @@ struct Sample {
     /// woke a reconcile (`kok_watch_events_total`).
     watch_events: f64,
     woke: f64,
+    /// Reconciles that only retried the add-on step
+    /// (`kok_addon_attempts_total{pass="alone"}`).
+    alone: f64,
 }
 
 impl Sample {
@@ -80,6 +84,9 @@ impl Sample {
     }
     fn wakeups_per_cluster(&self) -> f64 {
         self.woke / self.clusters as f64
+    }
+    fn alone_per_cluster(&self) -> f64 {
+        self.alone / self.clusters as f64
     }
     fn cpu_ms_per_reconcile(&self) -> f64 {
         self.cpu_s * 1000.0 / self.reconciles.max(1.0)
@@ -96,12 +103,13 @@ pub async fn run(args: Args) -> Result<()> {
         for run in 0..args.runs {
             let sample = one_run(&args, &operator, n, mode).await?;
             eprintln!(
-                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles, {:.0} of {:.0} watch events woke one, rss idle {:.1} MiB peak {:.1} MiB",
+                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles ({:.0} add-on retries alone), {:.0} of {:.0} watch events woke one, rss idle {:.1} MiB peak {:.1} MiB",
                 run + 1,
                 args.runs,
                 sample.seconds,
                 sample.cpu_s,
                 sample.reconciles,
+                sample.alone,
                 sample.woke,
                 sample.watch_events,
                 sample.idle_rss_mib,
@@ -155,6 +163,10 @@ fn plots(args: &Args, samples: &[Sample], dir: &std::path::Path) -> Result<()> {
                     Series {
                         label: "reconciles".into(),
                         points: medians(args, samples, Sample::reconciles_per_cluster),
+                    },
+                    Series {
+                        label: "of them add-on retries alone".into(),
+                        points: medians(args, samples, Sample::alone_per_cluster),
                     },
                     Series {
                         label: "owned-object events that woke one".into(),
@@ -219,7 +231,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
         let idle = proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
         let port = logged_port(&log_path)
             .with_context(|| format!("no HTTP address in {}", log_path.display()))?;
-        let counts = || -> Result<(f64, f64, f64)> {
+        let counts = || -> Result<(f64, f64, f64, f64)> {
             let metrics = scrape(port).context("scrape the operator's /metrics")?;
             let events = "kok_watch_events_total{";
             let woke = metrics
@@ -231,6 +243,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
                 sum(&metrics, "kok_reconciles_total{controller=\"cluster\""),
                 sum(&metrics, events),
                 woke,
+                sum(&metrics, "kok_addon_attempts_total{pass=\"alone\""),
             ))
         };
         let before = counts()?;
@@ -268,6 +281,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
             reconciles: after.0 - before.0,
             watch_events: after.1 - before.1,
             woke: after.2 - before.2,
+            alone: after.3 - before.3,
         })
     }
     .await;
@@ -354,7 +368,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs{}\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | reconciles per Cluster | owned-object events that woke it, per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs{}\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | reconciles per Cluster | of them add-on retries alone | owned-object events that woke it, per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.mode,
         args.runs,
         args.addon_retry
@@ -365,11 +379,12 @@ fn table(args: &Args, samples: &[Sample]) -> String {
     for (i, &n) in args.clusters.iter().enumerate() {
         let of = |f: fn(&Sample) -> f64| medians(args, samples, f)[i].1;
         out.push_str(&format!(
-            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
             of(|s| s.seconds),
             of(|s| s.cpu_s),
             of(Sample::cpu_ms_per_cluster),
             of(Sample::reconciles_per_cluster),
+            of(Sample::alone_per_cluster),
             of(Sample::wakeups_per_cluster),
             of(Sample::cpu_ms_per_reconcile),
             of(|s| s.peak_rss_mib),

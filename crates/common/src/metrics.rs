@@ -40,6 +40,7 @@ pub struct Metrics {
     ssh_step_duration: HistogramFamily,
     machines: Family<Labels, Gauge>,
     watch_events: Family<Labels, Counter>,
+    addon_attempts: Family<Labels, Counter>,
     /// Label sets of the per-cluster series, so a cluster's stale ones can be removed.
     etcd_series: Mutex<BTreeSet<Labels>>,
 }
@@ -116,6 +117,12 @@ impl Metrics {
             "Watch events of owned objects, by kind and whether they woke a reconcile (woke=false: nothing the reconcile reads changed)",
             watch_events.clone(),
         );
+        let addon_attempts = Family::<Labels, Counter>::default();
+        registry.register(
+            "addon_attempts",
+            "Attempts of a Cluster's add-on step, by whether they ran alone (pass=alone: a retry while nothing else of the Cluster changed) or in a full reconcile (pass=full)",
+            addon_attempts.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -128,6 +135,7 @@ impl Metrics {
             ssh_step_duration,
             machines,
             watch_events,
+            addon_attempts,
             etcd_series: Mutex::default(),
         }
     }
@@ -145,6 +153,14 @@ impl Metrics {
     pub fn watch_event(&self, kind: &str, woke: bool) {
         let labels = vec![("kind", kind.to_string()), ("woke", woke.to_string())];
         self.watch_events.get_or_create(&labels).inc();
+    }
+
+    /// Count one attempt of a Cluster's add-on step, alone or in a full pass.
+    pub fn addon_attempt(&self, alone: bool) {
+        let pass = if alone { "alone" } else { "full" };
+        self.addon_attempts
+            .get_or_create(&vec![("pass", pass.to_string())])
+            .inc();
     }
 
     /// Mark the start of one reconcile of `controller`; the returned guard

@@ -160,6 +160,17 @@ pub fn inventory_name(names: &Names) -> String {
     format!("{}-addons", names.cluster)
 }
 
+/// The Secrets of [`Inputs::secrets`] the add-on step reads: the CA (its
+/// certificate goes into add-ons), the admin kubeconfig (to reach the
+/// business API) and the node-operator's (its Deployment's config hash).
+pub fn secrets_read(names: &Names) -> [String; 3] {
+    [
+        names.ca_secret(),
+        names.kubeconfig_secret("admin"),
+        names.kubeconfig_secret("node-operator"),
+    ]
+}
+
 /// Inputs of one pass.
 pub struct Inputs<'a> {
     pub cluster: &'a Cluster,

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
@@ -25,6 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
+use crate::addon_wait::{AddonWaits, Wait};
 use crate::applied::{Applied, Version, desired_hash, resource_version};
 use crate::names::{Component, Names};
 use crate::render::config_hash;
@@ -117,6 +120,9 @@ pub struct Context {
     pub polls: Poll,
     /// What the last applies returned, to skip unchanged ones.
     pub applied: Applied,
+    /// Clusters that wait only for their add-on step's next attempt, which
+    /// then needs no full pass (see [`crate::addon_wait`]).
+    pub addon_waits: AddonWaits,
 }
 
 impl Context {
@@ -130,6 +136,7 @@ impl Context {
             addon_backoff: Backoff::new(retry, retry.max(ADDON_RETRY_MAX)),
             polls: Poll::new(POLL_FIRST, POLL_MAX),
             applied: Applied::default(),
+            addon_waits: AddonWaits::default(),
         }
     }
 }
@@ -170,7 +177,17 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     .default_backoff()
     .reflect(writer)
     .applied_objects()
-    .predicate_filter(wakes, Default::default());
+    .predicate_filter(wakes, Default::default())
+    .inspect({
+        let ctx = ctx.clone();
+        move |event| {
+            if let Ok(cluster) = event {
+                let ns = cluster.namespace().unwrap_or_default();
+                ctx.addon_waits
+                    .touch(&format!("{ns}/{}", cluster.name_any()));
+            }
+        }
+    });
     // What wakes a Cluster, read no further than needed: the metadata of its
     // Secrets, Services and claims (created, edited or deleted: the watch
     // sends each change's metadata, without the certificates and keys), and
@@ -185,31 +202,43 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     {
         kok_common::watch::touched(watcher(api, selector.clone()).default_backoff())
     }
+
     let members =
         watcher::Config::default().labels(&format!("{CLUSTER_LABEL},{}", etcd::MEMBER_LABEL));
     let controller = Controller::for_stream(clusters, store)
         .with_config(controller_config)
-        .owns_stream(metadata(
-            scoped::<PartialObjectMeta<Secret>>(&client, namespace),
-            &selector,
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            metadata(
+                scoped::<PartialObjectMeta<Secret>>(&client, namespace),
+                &selector,
+            ),
         ))
-        .owns_stream(changes::<Cluster, _>(
-            scoped::<Pod>(&client, namespace),
-            members,
-            pod_fingerprint,
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            changes::<Cluster, _>(scoped::<Pod>(&client, namespace), members, pod_fingerprint),
         ))
-        .owns_stream(metadata(
-            scoped::<PartialObjectMeta<Service>>(&client, namespace),
-            &selector,
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            metadata(
+                scoped::<PartialObjectMeta<Service>>(&client, namespace),
+                &selector,
+            ),
         ))
-        .owns_stream(changes::<Cluster, _>(
-            scoped::<Deployment>(&client, namespace),
-            selector.clone(),
-            deployment_fingerprint,
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            changes::<Cluster, _>(
+                scoped::<Deployment>(&client, namespace),
+                selector.clone(),
+                deployment_fingerprint,
+            ),
         ))
-        .owns_stream(metadata(
-            scoped::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace),
-            &selector,
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            metadata(
+                scoped::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace),
+                &selector,
+            ),
         ));
     kok_common::controller::run(
         "cluster",
@@ -220,6 +249,27 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         Error::category,
     )
     .await;
+}
+
+/// Passes on the events of a Cluster's objects, ending the Cluster's wait
+/// for an add-on retry with each (see [`crate::addon_wait`]).
+fn ends_addon_waits<K, S>(ctx: Arc<Context>, events: S) -> impl futures::Stream<Item = S::Item>
+where
+    K: Resource,
+    S: futures::Stream<Item = Result<K, watcher::Error>>,
+{
+    events.inspect(move |event| {
+        if let Ok(object) = event {
+            let ns = object.meta().namespace.as_deref().unwrap_or_default();
+            for owner in object
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "Cluster")
+            {
+                ctx.addon_waits.touch(&format!("{ns}/{}", owner.name));
+            }
+        }
+    })
 }
 
 /// What the reconcile reads of a member Pod (see `etcd::pod_state`, the
@@ -480,6 +530,21 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         }
     }
 
+    // A Cluster that waits only for its add-on step's next attempt, with
+    // nothing changed since the pass that found so: that step alone.
+    let key = names.key();
+    let epoch = ctx.addon_waits.epoch(&key);
+    let mut retried = None;
+    if let Some(wait) = ctx
+        .addon_waits
+        .take(&key, cluster.resource_version().as_deref())
+    {
+        match retry_addons(&ctx, &cluster, &names, &clusters, wait).await? {
+            Retried::Done(action) => return Ok(action),
+            Retried::Full(report) => retried = report,
+        }
+    }
+
     // Fetch.
     let existing: BTreeMap<String, Secret> = list(&secrets_api, &names.cluster)
         .await?
@@ -649,49 +714,36 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     let addons = if api_ready && certificates_error.is_none() && upgrade_plan.addons {
         let key = names.key();
         let generation = cluster.metadata.generation;
-        Some(
-            if let Some((wait, last)) = ctx.addon_backoff.waiting(&key, generation) {
+        Some(if let Some(report) = retried {
+            ctx.addon_backoff.succeeded(&key);
+            report
+        } else if let Some((wait, last)) = ctx.addon_backoff.waiting(&key, generation) {
+            addons_wait = Some(wait);
+            last
+        } else {
+            let inputs = addons::Inputs {
+                cluster: &cluster,
+                names: &names,
+                secrets: &all_secrets,
+                endpoint: &endpoint,
+            };
+            let report = addons::reconcile(&ctx, &inputs).await;
+            kok_common::metrics::global().addon_attempt(false);
+            if report.failed() {
+                let (shown, wait) = addon_failed(&ctx, &names, generation, &report);
                 addons_wait = Some(wait);
-                last
+                shown
             } else {
-                let inputs = addons::Inputs {
-                    cluster: &cluster,
-                    names: &names,
-                    secrets: &all_secrets,
-                    endpoint: &endpoint,
-                };
-                let report = addons::reconcile(&ctx, &inputs).await;
-                if report.failed() {
-                    tracing::debug!(cluster = %names.cluster, reason = report.reason, message = %report.message, "add-on step failed");
-                    // The time of the next attempt, not the time left: the
-                    // message must not change while waiting, or each status
-                    // write would wake the Cluster again.
-                    let (shown, wait) = ctx.addon_backoff.failed(&key, generation, |n, wait| {
-                        let at = Timestamp::now()
-                            .checked_add(wait)
-                            .unwrap_or(Timestamp::now());
-                        addons::Report {
-                            message: format!(
-                                "{} (attempt {n} failed; next at {})",
-                                report.message,
-                                at.strftime("%H:%M:%SZ")
-                            ),
-                            ..report.clone()
-                        }
-                    });
-                    addons_wait = Some(wait);
-                    shown
-                } else {
-                    ctx.addon_backoff.succeeded(&key);
-                    report
-                }
-            },
-        )
+                ctx.addon_backoff.succeeded(&key);
+                report
+            }
+        })
     } else {
         None
     };
 
     // Status.
+    let addon_endpoint = endpoint.clone();
     let observed = status::Observed {
         etcd_pods: &etcd_pods,
         apiserver: apiserver.as_ref(),
@@ -709,7 +761,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     crate::metrics::record(&names, &all_secrets, &etcd_report);
     let status = status::build(&cluster, &names, &observed, Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
-    kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
+    let written =
+        kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
     // Certificates are re-checked at least hourly, and when the first one is
     // due for renewal (which, with a short validity, can be sooner than
     // anything else would wake the reconcile).
@@ -757,6 +810,25 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     } else {
         next
     };
+    // Settled but for failing add-ons: their retries need no full pass
+    // until something changes or one is due anyway.
+    if etcd_report.requeue.is_none() && !converging && !shutting_down && only_addons_wait.is_some()
+    {
+        let read = addons::secrets_read(&names);
+        let secrets = all_secrets
+            .iter()
+            .filter(|(name, _)| read.contains(name))
+            .map(|(name, secret)| (name.clone(), secret.clone()))
+            .collect();
+        let wait = Wait::new(
+            epoch,
+            written.resource_version().unwrap_or_default(),
+            Instant::now() + idle,
+            addon_endpoint,
+            secrets,
+        );
+        ctx.addon_waits.record(&key, wait);
+    }
     tracing::debug!(
         cluster = %names.cluster,
         ready = status
@@ -770,6 +842,85 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         "reconciled"
     );
     Ok(Action::requeue(next))
+}
+
+/// Records a failed add-on step: what the status shows until its next
+/// attempt, and the wait for it.
+fn addon_failed(
+    ctx: &Context,
+    names: &Names,
+    generation: Option<i64>,
+    report: &addons::Report,
+) -> (addons::Report, Duration) {
+    tracing::debug!(cluster = %names.cluster, reason = report.reason, message = %report.message, "add-on step failed");
+    // The time of the next attempt, not the time left: the message must not
+    // change while waiting, or each status write would wake the Cluster again.
+    ctx.addon_backoff
+        .failed(&names.key(), generation, |n, wait| {
+            let at = Timestamp::now()
+                .checked_add(wait)
+                .unwrap_or(Timestamp::now());
+            addons::Report {
+                message: format!(
+                    "{} (attempt {n} failed; next at {})",
+                    report.message,
+                    at.strftime("%H:%M:%SZ")
+                ),
+                ..report.clone()
+            }
+        })
+}
+
+/// What a retry of the add-on step left to do.
+enum Retried {
+    /// It failed again and the status says so: nothing more this time.
+    Done(Action),
+    /// A full pass follows, with the step's outcome when it no longer failed.
+    Full(Option<addons::Report>),
+}
+
+/// Retry the add-on step of a Cluster whose control plane is settled and
+/// waits only for it (see [`crate::addon_wait`]): the step itself and the
+/// AddonsReady condition, nothing a full pass reads.
+async fn retry_addons(
+    ctx: &Context,
+    cluster: &Cluster,
+    names: &Names,
+    clusters: &Api<Cluster>,
+    wait: Wait,
+) -> Result<Retried, Error> {
+    let key = names.key();
+    let generation = cluster.metadata.generation;
+    let soonest = Duration::from_secs(1);
+    if let Some((left, _)) = ctx.addon_backoff.waiting(&key, generation) {
+        ctx.addon_waits.record(&key, wait);
+        return Ok(Retried::Done(Action::requeue(left.max(soonest))));
+    }
+    let inputs = addons::Inputs {
+        cluster,
+        names,
+        secrets: &wait.secrets,
+        endpoint: &wait.endpoint,
+    };
+    let report = addons::reconcile(ctx, &inputs).await;
+    kok_common::metrics::global().addon_attempt(true);
+    if !report.failed() {
+        return Ok(Retried::Full(Some(report)));
+    }
+    let (shown, next) = addon_failed(ctx, names, generation, &report);
+    let Some(status) = status::with_addons(cluster, &shown, Timestamp::now()) else {
+        return Ok(Retried::Full(None));
+    };
+    let written =
+        kok_common::apply::apply_status(clusters, MANAGER, &names.cluster, &status).await?;
+    let full_in = wait.full_by().saturating_duration_since(Instant::now());
+    ctx.addon_waits.record(
+        &key,
+        wait.after_write(written.resource_version().unwrap_or_default()),
+    );
+    let next = next.min(full_in).max(soonest);
+    tracing::debug!(cluster = %names.cluster, next_in = ?next, "add-on step retried");
+    Ok(Retried::Done(Action::requeue(next)))
 }
 
 /// Whether what a converging Cluster still waits for reaches it through its
@@ -870,6 +1021,7 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     ctx.polls.forget(&key);
     ctx.addon_backoff.succeeded(&key);
     ctx.applied.forget(&key);
+    ctx.addon_waits.forget(&key);
     if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
         return Ok(Action::await_change());
     }

@@ -86,6 +86,33 @@ fn deployment(d: Option<&Deployment>, desired: i32, version: &str) -> ComponentS
 }
 
 /// Build the status. `previous` supplies condition transition times.
+/// The Cluster's status with only the add-on step's outcome replaced, for a
+/// retry of that step alone (see [`crate::addon_wait`]). Only for an outcome
+/// that is not ready: the Cluster's last status then stays right in all
+/// else, Ready false for the add-ons and the phase. None without a status.
+pub fn with_addons(
+    cluster: &Cluster,
+    report: &crate::addons::Report,
+    now: Timestamp,
+) -> Option<ClusterStatus> {
+    if report.ready {
+        return None;
+    }
+    let mut status = cluster.status.clone()?;
+    conditions::set(
+        &mut status.conditions,
+        Desired {
+            type_: ADDONS_READY,
+            status: "False",
+            reason: report.reason,
+            message: report.message.clone(),
+        },
+        cluster.metadata.generation,
+        now,
+    );
+    Some(status)
+}
+
 pub fn build(
     cluster: &Cluster,
     names: &Names,

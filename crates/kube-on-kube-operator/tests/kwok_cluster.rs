@@ -478,3 +478,147 @@ async fn a_cluster_waiting_for_its_pods_is_woken_by_them_not_polled() {
         .await
         .expect("delete");
 }
+
+/// The attempt number in an AddonsReady message ("… (attempt 3 failed; next
+/// at …)").
+fn addon_attempt(cluster: &Cluster) -> Option<u32> {
+    let message = &cluster.status.as_ref()?.condition("AddonsReady")?.message;
+    message
+        .split("attempt ")
+        .nth(1)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kwok-addon-retry").await;
+    // kwok's Pods serve no business API: the add-on step keeps failing, and
+    // is retried after 10 ms, doubling.
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        Config {
+            addon_retry: Duration::from_millis(10),
+            ..Config::default()
+        },
+    ));
+    let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &example(ClusterMode::Minimal, &ns, "waits"),
+    )
+    .await
+    .expect("create");
+    let settled = |c: &Cluster| {
+        [
+            "EtcdReady",
+            "APIServerReady",
+            "ControllerManagerReady",
+            "SchedulerReady",
+            "CertificatesReady",
+        ]
+        .iter()
+        .all(|t| condition(c, t).as_deref() == Some("True"))
+            && addon_attempt(c).is_some()
+    };
+    converge(&ctx, &api, "waits", settled, Duration::from_secs(120)).await;
+
+    // Reconcile (as the requeues would) until the add-on step was attempted
+    // `more` more times; what that left of the Secret `name`.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let name = "waits-scheduler-kubeconfig";
+    let attempts = async |more: u32| -> Option<Secret> {
+        let first = addon_attempt(&api.get("waits").await.expect("get")).expect("attempted");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let cluster = api.get("waits").await.expect("get");
+            if addon_attempt(&cluster).expect("attempted") >= first + more {
+                return secrets.get_opt(name).await.expect("get Secret");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the add-on step not attempted {more} more times in 30 s: {:#?}",
+                cluster.status
+            );
+            reconcile(Arc::new(cluster), ctx.clone())
+                .await
+                .expect("reconcile");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let attempt_alone = || {
+        kok_common::metrics::global()
+            .encode()
+            .lines()
+            .find(|l| l.starts_with("kok_addon_attempts_total{pass=\"alone\"}"))
+            .and_then(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    attempts(1).await;
+
+    // No watch runs here, so deleting a Secret tells the operator nothing: the
+    // retries that follow are the add-on step alone, which reads no Secret
+    // list, and leave it missing.
+    secrets
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete a Secret");
+    let alone_before = attempt_alone();
+    assert!(
+        attempts(2).await.is_none(),
+        "a retry of the add-on step alone recreated a Secret"
+    );
+    assert!(
+        attempt_alone() >= alone_before + 2.0,
+        "retries not counted as alone"
+    );
+
+    // Its watch event, as the controller's watch passes it on, ends that: the
+    // next pass is a full one and recreates the Secret.
+    ctx.addon_waits.touch(&format!("{ns}/waits"));
+    let cluster = api.get("waits").await.expect("get");
+    reconcile(Arc::new(cluster), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(
+        secrets.get_opt(name).await.expect("get").is_some(),
+        "a watch event did not end the wait for the add-on retry"
+    );
+
+    // So does any write to the Cluster other than the retries' own status
+    // writes.
+    attempts(1).await;
+    secrets
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete the Secret again");
+    let cluster = api
+        .patch(
+            "waits",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .expect("label the Cluster");
+    reconcile(Arc::new(cluster), ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(
+        secrets.get_opt(name).await.expect("get").is_some(),
+        "a write to the Cluster did not end the wait for the add-on retry"
+    );
+    api.delete("waits", &DeleteParams::background())
+        .await
+        .expect("delete");
+}
