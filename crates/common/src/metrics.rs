@@ -195,7 +195,10 @@ impl Metrics {
         not_after: impl IntoIterator<Item = (&'a str, i64)>,
     ) {
         let mut map = self.certificate_expiry.lock();
-        map.retain(|labels, _| !of_cluster(labels, namespace, cluster));
+        let stale: Vec<Labels> = series_of_cluster(&map, namespace, cluster);
+        for labels in stale {
+            map.remove(&labels);
+        }
         for (secret, at) in not_after {
             map.insert(cluster_labels(namespace, cluster, "secret", secret), at);
         }
@@ -281,8 +284,8 @@ impl Metrics {
     {
         let mut known = known.lock().unwrap_or_else(|e| e.into_inner());
         let stale: Vec<Labels> = known
-            .iter()
-            .filter(|l| of_cluster(l, namespace, cluster))
+            .range(cluster_labels_prefix(namespace, cluster)..)
+            .take_while(|l| of_cluster(l, namespace, cluster))
             .filter(|l| !keep.contains(*l))
             .cloned()
             .collect();
@@ -332,6 +335,25 @@ const KNOWN_PHASES: [&str; 7] = [
     "Failed",
     "Deleting",
 ];
+
+/// The two leading labels of a Cluster's series. Sorted, its series follow
+/// them and one another: one Cluster's series are found without going
+/// through every Cluster's (a reconcile replaces them every time).
+fn cluster_labels_prefix(namespace: &str, cluster: &str) -> Labels {
+    vec![
+        ("namespace", namespace.to_string()),
+        ("cluster", cluster.to_string()),
+    ]
+}
+
+/// The label sets of one Cluster's series in `map`.
+fn series_of_cluster<V>(map: &BTreeMap<Labels, V>, namespace: &str, cluster: &str) -> Vec<Labels> {
+    map.range(cluster_labels_prefix(namespace, cluster)..)
+        .map(|(labels, _)| labels)
+        .take_while(|labels| of_cluster(labels, namespace, cluster))
+        .cloned()
+        .collect()
+}
 
 fn of_cluster(labels: &Labels, namespace: &str, cluster: &str) -> bool {
     matches!((labels.first(), labels.get(1)),
@@ -480,8 +502,16 @@ mod tests {
             c1.iter().any(|l| l.contains("c1-ca") && l.contains(" -")),
             "{c1:?}"
         );
-        // A reissue replaces the cluster's set; a deleted cluster goes.
+        // A reissue replaces the cluster's set, and only its (c10's sort
+        // next to c1's); a deleted cluster goes.
+        m.set_certificates("ns", "c10", [("c10-ca", now + 60)]);
         m.set_certificates("ns", "c1", [("c1-apiserver-tls", now + 7200)]);
+        let text = m.encode();
+        assert_eq!(
+            series(&text, "kok_certificate_expiry_seconds{").len(),
+            3,
+            "{text}"
+        );
         m.retain_clusters(&[("ns".to_string(), "c1".to_string())].into());
         let text = m.encode();
         assert_eq!(
