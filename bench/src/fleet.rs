@@ -46,9 +46,10 @@ pub struct Args {
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Write the curves of operator CPU and memory per Cluster against the
-    /// fleet size as `fleet-cpu.svg` and `fleet-memory.svg` into this
-    /// directory.
+    /// Write the curves of operator CPU, reconciles, API requests and memory
+    /// per Cluster against the fleet size as `fleet-cpu.svg`,
+    /// `fleet-reconciles.svg`, `fleet-requests.svg` and `fleet-memory.svg`
+    /// into this directory.
     #[arg(long)]
     pub plots: Option<PathBuf>,
 }
@@ -70,6 +71,9 @@ struct Sample {
     /// Reconciles that only retried the add-on step
     /// (`kok_addon_attempts_total{pass="alone"}`).
     alone: f64,
+    /// Requests the operator sent to the API server, watches aside
+    /// (`kok_api_requests_total`).
+    requests: f64,
 }
 
 impl Sample {
@@ -88,6 +92,9 @@ impl Sample {
     fn alone_per_cluster(&self) -> f64 {
         self.alone / self.clusters as f64
     }
+    fn requests_per_cluster(&self) -> f64 {
+        self.requests / self.clusters as f64
+    }
     fn cpu_ms_per_reconcile(&self) -> f64 {
         self.cpu_s * 1000.0 / self.reconciles.max(1.0)
     }
@@ -103,13 +110,14 @@ pub async fn run(args: Args) -> Result<()> {
         for run in 0..args.runs {
             let sample = one_run(&args, &operator, n, mode).await?;
             eprintln!(
-                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles ({:.0} add-on retries alone), {:.0} of {:.0} watch events woke one, rss idle {:.1} MiB peak {:.1} MiB",
+                "{n} clusters, run {}/{}: {:.1}s, operator cpu {:.1}s, {:.0} reconciles ({:.0} add-on retries alone), {:.0} API requests, {:.0} of {:.0} watch events woke one, rss idle {:.1} MiB peak {:.1} MiB",
                 run + 1,
                 args.runs,
                 sample.seconds,
                 sample.cpu_s,
                 sample.reconciles,
                 sample.alone,
+                sample.requests,
                 sample.woke,
                 sample.watch_events,
                 sample.idle_rss_mib,
@@ -176,6 +184,18 @@ fn plots(args: &Args, samples: &[Sample], dir: &std::path::Path) -> Result<()> {
             },
         ),
         (
+            "fleet-requests.svg",
+            Chart {
+                title: format!("Operator API requests per {} Cluster (median)", args.mode),
+                x_label: "Clusters applied at once".into(),
+                y_label: "requests per Cluster until converged (watches aside)".into(),
+                series: vec![Series {
+                    label: "kube-on-kube-operator".into(),
+                    points: medians(args, samples, Sample::requests_per_cluster),
+                }],
+            },
+        ),
+        (
             "fleet-memory.svg",
             Chart {
                 title: format!("Operator memory per {} Cluster (median)", args.mode),
@@ -231,7 +251,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
         let idle = proc_status_kib(pid, "VmRSS:")? as f64 / 1024.0;
         let port = logged_port(&log_path)
             .with_context(|| format!("no HTTP address in {}", log_path.display()))?;
-        let counts = || -> Result<(f64, f64, f64, f64)> {
+        let counts = || -> Result<(f64, f64, f64, f64, f64)> {
             let metrics = scrape(port).context("scrape the operator's /metrics")?;
             let events = "kok_watch_events_total{";
             let woke = metrics
@@ -244,6 +264,8 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
                 sum(&metrics, events),
                 woke,
                 sum(&metrics, "kok_addon_attempts_total{pass=\"alone\""),
+                sum(&metrics, "kok_api_requests_total{")
+                    - sum(&metrics, "kok_api_requests_total{method=\"WATCH\""),
             ))
         };
         let before = counts()?;
@@ -282,6 +304,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
             watch_events: after.1 - before.1,
             woke: after.2 - before.2,
             alone: after.3 - before.3,
+            requests: after.4 - before.4,
         })
     }
     .await;
@@ -368,7 +391,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs{}\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | reconciles per Cluster | of them add-on retries alone | owned-object events that woke it, per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n### Fleet scale (kwok): {} Clusters applied at once, median of {} runs{}\n\n| Clusters | time to all converged s | operator CPU s | CPU ms per Cluster | API requests per Cluster | reconciles per Cluster | of them add-on retries alone | owned-object events that woke it, per Cluster | CPU ms per reconcile | peak RSS MiB | MiB per Cluster |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.mode,
         args.runs,
         args.addon_retry
@@ -379,10 +402,11 @@ fn table(args: &Args, samples: &[Sample]) -> String {
     for (i, &n) in args.clusters.iter().enumerate() {
         let of = |f: fn(&Sample) -> f64| medians(args, samples, f)[i].1;
         out.push_str(&format!(
-            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+            "| {n} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
             of(|s| s.seconds),
             of(|s| s.cpu_s),
             of(Sample::cpu_ms_per_cluster),
+            of(Sample::requests_per_cluster),
             of(Sample::reconciles_per_cluster),
             of(Sample::alone_per_cluster),
             of(Sample::wakeups_per_cluster),

@@ -3,8 +3,12 @@
 
 use std::path::PathBuf;
 
+use hyper::Request;
+
+use kube::client::{Body, ClientBuilder};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::util::MapRequestLayer;
 
 use crate::Error;
 
@@ -41,10 +45,27 @@ impl ClientArgs {
         }
     }
 
-    /// A client for the cluster these flags select.
+    /// A client for the cluster these flags select. Each request it sends
+    /// is counted in `kok_api_requests_total`.
     pub async fn client(&self) -> Result<Client, Error> {
-        Client::try_from(self.config().await?).map_err(Error::Client)
+        let builder = ClientBuilder::try_from(self.config().await?).map_err(Error::Client)?;
+        Ok(builder.with_layer(&MapRequestLayer::new(counted)).build())
     }
+}
+
+/// Count a request by its HTTP method, watches apart (`WATCH`).
+fn counted(request: Request<Body>) -> Request<Body> {
+    let watch = request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let method = if watch {
+        "WATCH"
+    } else {
+        request.method().as_str()
+    };
+    crate::metrics::global().api_request(method);
+    request
 }
 
 impl ClientArgs {
@@ -81,6 +102,42 @@ where
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(metrics: &str, method: &str) -> f64 {
+        let series = format!("kok_api_requests_total{{method=\"{method}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    #[test]
+    fn requests_are_counted_by_method_and_watches_apart() {
+        let request = |method: &str, uri: &str| {
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let before = crate::metrics::global().encode();
+        counted(request("GET", "/api/v1/namespaces/a/pods?labelSelector=x"));
+        counted(request("GET", "/api/v1/pods?watch=true&resourceVersion=1"));
+        counted(request("PATCH", "/api/v1/namespaces/a/pods/p"));
+        let after = crate::metrics::global().encode();
+        for method in ["GET", "WATCH", "PATCH"] {
+            assert_eq!(
+                count(&after, method) - count(&before, method),
+                1.0,
+                "{method}: {after}"
+            );
         }
     }
 }

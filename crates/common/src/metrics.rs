@@ -41,6 +41,7 @@ pub struct Metrics {
     machines: Family<Labels, Gauge>,
     watch_events: Family<Labels, Counter>,
     addon_attempts: Family<Labels, Counter>,
+    api_requests: Family<Labels, Counter>,
     /// Label sets of the per-cluster series, so a cluster's stale ones can be removed.
     etcd_series: Mutex<BTreeSet<Labels>>,
 }
@@ -123,6 +124,12 @@ impl Metrics {
             "Attempts of a Cluster's add-on step, by whether they ran alone (pass=alone: a retry while nothing else of the Cluster changed) or in a full reconcile (pass=full)",
             addon_attempts.clone(),
         );
+        let api_requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests the process sent to its own cluster's API server, by HTTP method (WATCH: watch requests)",
+            api_requests.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -136,6 +143,7 @@ impl Metrics {
             machines,
             watch_events,
             addon_attempts,
+            api_requests,
             etcd_series: Mutex::default(),
         }
     }
@@ -153,6 +161,14 @@ impl Metrics {
     pub fn watch_event(&self, kind: &str, woke: bool) {
         let labels = vec![("kind", kind.to_string()), ("woke", woke.to_string())];
         self.watch_events.get_or_create(&labels).inc();
+    }
+
+    /// Count one request to the API server (`method`: its HTTP method, or
+    /// WATCH).
+    pub fn api_request(&self, method: &str) {
+        self.api_requests
+            .get_or_create(&vec![("method", method.to_string())])
+            .inc();
     }
 
     /// Count one attempt of a Cluster's add-on step, alone or in a full pass.
