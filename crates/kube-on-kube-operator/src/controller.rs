@@ -676,13 +676,15 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     }
 
     // etcd: member Pods, claims and Services, and membership changes one at
-    // a time (see the etcd module).
+    // a time (see the etcd module). The Cluster's Pods are read once, for
+    // etcd's members and the control plane's replicas: what the etcd step
+    // does to its members does not concern the replicas.
+    let pods = list(&pods_api, &names.cluster).await?;
     let etcd_report =
-        crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets, &services).await?;
+        crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets, &services, &pods).await?;
     let etcd_pods = etcd_report.pods.clone();
 
     // The stateless control plane, upgraded in order behind etcd.
-    let pods = list(&pods_api, &names.cluster).await?;
     let etcd_settled = crate::etcd::settled(&etcd_report);
     let rollout::Outcome {
         apiserver,

@@ -379,13 +379,15 @@ enum Outcome {
 }
 
 /// The etcd step of the reconcile. Not called while the Cluster is paused.
-/// `services` are the Cluster's Services as the reconcile read them.
+/// `services` and `pods` are the Cluster's Services and Pods as the
+/// reconcile read them.
 pub async fn reconcile(
     ctx: &Context,
     cluster: &Cluster,
     names: &Names,
     secrets: &BTreeMap<String, Secret>,
     services: &BTreeMap<String, Service>,
+    pods: &[Pod],
 ) -> Result<Report, Error> {
     let client = &ctx.client;
     let ns = &names.namespace;
@@ -399,7 +401,7 @@ pub async fn reconcile(
     let now = Timestamp::now();
 
     // Fetch.
-    let pods = member_pods(&pods_api, names).await?;
+    let pods: Vec<Pod> = pods.iter().filter(|p| is_member(p)).cloned().collect();
     let claims: Vec<PersistentVolumeClaim> = if uses_claims {
         list(&claims_api, &names.cluster).await?
     } else {
@@ -589,11 +591,15 @@ pub async fn reconcile(
     Ok(Report { requeue, ..report })
 }
 
+fn is_member(pod: &Pod) -> bool {
+    pod.labels().contains_key(render::MEMBER_LABEL)
+}
+
 async fn member_pods(api: &Api<Pod>, names: &Names) -> Result<Vec<Pod>, Error> {
     Ok(list(api, &names.cluster)
         .await?
         .into_iter()
-        .filter(|p| p.labels().contains_key(render::MEMBER_LABEL))
+        .filter(is_member)
         .collect())
 }
 
