@@ -429,19 +429,9 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
         endpoint: inputs.endpoint,
         ca_pem: &ca_pem,
     };
-    let (registered, broken) = match templates(ctx, names).await {
-        Ok(t) => t,
-        Err(e) => return Report::failure("TemplatesUnreadable", e),
-    };
-    let plans = render::plan(cluster, &settings, &registered, &broken);
-    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let mut inventory = match read_inventory(&maps, &inventory_name(names)).await {
-        Ok(i) => i,
-        Err(e) => return Report::failure("InventoryUnreadable", e),
-    };
-    let before = inventory.clone();
     // One cheap request first, so an unreachable API costs one timeout, not
-    // one per add-on.
+    // one per add-on, and no read of the meta-cluster (a Cluster whose
+    // business API is down keeps retrying this step).
     let business = match business_client(names, inputs.secrets).await {
         Ok(c) => match c.apiserver_version().await {
             Ok(_) => c,
@@ -454,6 +444,17 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
         },
         Err(e) => return Report::failure("BusinessAPIUnreachable", e),
     };
+    let (registered, broken) = match templates(ctx, names).await {
+        Ok(t) => t,
+        Err(e) => return Report::failure("TemplatesUnreadable", e),
+    };
+    let plans = render::plan(cluster, &settings, &registered, &broken);
+    let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let mut inventory = match read_inventory(&maps, &inventory_name(names)).await {
+        Ok(i) => i,
+        Err(e) => return Report::failure("InventoryUnreadable", e),
+    };
+    let before = inventory.clone();
 
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut kinds = Kinds::default();
