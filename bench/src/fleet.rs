@@ -264,8 +264,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
                 sum(&metrics, events),
                 woke,
                 sum(&metrics, "kok_addon_attempts_total{pass=\"alone\""),
-                sum(&metrics, "kok_api_requests_total{")
-                    - sum(&metrics, "kok_api_requests_total{method=\"WATCH\""),
+                api_requests(&metrics),
             ))
         };
         let before = counts()?;
@@ -347,6 +346,13 @@ fn cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {
         serde_json::from_value(serde_json::json!({"volumeSource": {"emptyDir": {}}}))
             .expect("storage");
     c
+}
+
+/// Requests an operator sent to its API server, watches aside, from its
+/// scraped metrics (`kok_api_requests_total`).
+pub(crate) fn api_requests(metrics: &std::collections::BTreeMap<String, f64>) -> f64 {
+    sum(metrics, "kok_api_requests_total{")
+        - sum(metrics, "kok_api_requests_total{method=\"WATCH\"")
 }
 
 /// A binary built next to this one (`cargo build --release` puts them side by side).

@@ -5,7 +5,8 @@
 //! "reconciled" log lines), its peak memory, the SSH connections it opened
 //! (every Machine points at a TCP listener here that counts connection
 //! attempts, so a session cannot go unnoticed), and the API requests per
-//! minute it adds to what the API server serves without it.
+//! minute it adds to what the API server serves without it, and by its own
+//! count (`kok_api_requests_total`).
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -20,6 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kok_testenv::kube_env::{KubeEnv, Options, fake_node};
+use kok_testenv::operator_http::{logged_port, scrape};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::machine::{
@@ -29,7 +31,7 @@ use kube_on_kube_api::shared::OperationResult;
 use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
 use serde_json::json;
 
-use crate::fleet::{proc_status_kib, sibling};
+use crate::fleet::{api_requests, proc_status_kib, sibling};
 use crate::measure::median;
 use node_operator::machine::status;
 
@@ -164,6 +166,11 @@ struct Sample {
     /// listener (no sshd) failed the visit.
     left_ready: usize,
     requests_per_min: f64,
+    /// The operator's own count of its API requests (watches aside): from
+    /// its start to the end of the first full pass, and per minute over the
+    /// window after it.
+    pass_requests: f64,
+    own_requests_per_min: f64,
 }
 
 async fn measure(
@@ -206,7 +213,16 @@ async fn measure(
         args.machines,
         full_pass.as_secs_f64()
     );
+    let own = || -> Result<f64> {
+        let port =
+            logged_port(log).with_context(|| format!("no HTTP address in {}", log.display()))?;
+        Ok(api_requests(
+            &scrape(port).context("scrape the operator's /metrics")?,
+        ))
+    };
+    let pass_requests = own()?;
     let with = requests_per_minute(client, Duration::from_secs(args.window)).await?;
+    let own_requests_per_min = (own()? - pass_requests) * 60.0 / args.window as f64;
     let peak = proc_status_kib(pid, "VmHWM:")? as f64 / 1024.0;
     Ok(Sample {
         full_pass_s: full_pass.as_secs_f64(),
@@ -215,6 +231,8 @@ async fn measure(
         ssh_connections: 0,
         left_ready: 0,
         requests_per_min: (with - baseline).max(0.0),
+        pass_requests,
+        own_requests_per_min,
     })
 }
 
@@ -465,27 +483,31 @@ async fn requests_total(client: &Client) -> Result<f64> {
 fn table(args: &Args, samples: &[Sample], baseline: f64) -> String {
     let pick = |f: fn(&Sample) -> f64| median(&samples.iter().map(f).collect::<Vec<_>>());
     let mut out = format!(
-        "\n### Steady state: {} Machines at their versions with Ready kwok Nodes, median of {} starts of the operator\n\n| first full pass s | peak RSS MiB | SSH connections | Machines visited (left Ready) | API requests/min added (baseline without operator) |\n|---:|---:|---:|---:|---:|\n| {:.1} | {:.1} | {:.0} | {:.0} | {:.0} ({:.0}) |\n",
+        "\n### Steady state: {} Machines at their versions with Ready kwok Nodes, median of {} starts of the operator\n\n| first full pass s | peak RSS MiB | SSH connections | Machines visited (left Ready) | operator's API requests in its first pass | operator's API requests/min after it | API server's requests/min added (baseline without operator) |\n|---:|---:|---:|---:|---:|---:|---:|\n| {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} ({:.0}) |\n",
         args.machines,
         samples.len(),
         pick(|s| s.full_pass_s),
         pick(|s| s.peak_rss_mib),
         pick(|s| s.ssh_connections as f64),
         pick(|s| s.left_ready as f64),
+        pick(|s| s.pass_requests),
+        pick(|s| s.own_requests_per_min),
         pick(|s| s.requests_per_min),
         baseline
     );
     out.push_str(
-        "\nAll runs:\n\n| run | first full pass s | peak RSS MiB | SSH connections | Machines visited | API requests/min added |\n|---:|---:|---:|---:|---:|---:|\n",
+        "\nAll runs:\n\n| run | first full pass s | peak RSS MiB | SSH connections | Machines visited | operator's requests in its first pass | operator's requests/min after | API server's requests/min added |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (i, s) in samples.iter().enumerate() {
         out.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {} | {} | {:.0} |\n",
+            "| {} | {:.1} | {:.1} | {} | {} | {:.0} | {:.0} | {:.0} |\n",
             i + 1,
             s.full_pass_s,
             s.peak_rss_mib,
             s.ssh_connections,
             s.left_ready,
+            s.pass_requests,
+            s.own_requests_per_min,
             s.requests_per_min
         ));
     }

@@ -59,6 +59,10 @@ async fn converge(
 
 /// The controller's context, as the operator builds it.
 fn context(client: &kube::Client) -> Arc<Context> {
+    context_with(client, Config::default())
+}
+
+fn context_with(client: &kube::Client, config: Config) -> Arc<Context> {
     Arc::new(Context::new(
         client.clone(),
         Recorder::new(
@@ -68,7 +72,7 @@ fn context(client: &kube::Client) -> Arc<Context> {
                 instance: None,
             },
         ),
-        Config::default(),
+        config,
     ))
 }
 
@@ -499,20 +503,13 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
     let ns = env.namespace("kwok-addon-retry").await;
     // kwok's Pods serve no business API: the add-on step keeps failing, and
     // is retried after 10 ms, doubling.
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        ),
+    let ctx = context_with(
+        &client,
         Config {
             addon_retry: Duration::from_millis(10),
             ..Config::default()
         },
-    ));
+    );
     let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
@@ -539,23 +536,10 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let name = "waits-scheduler-kubeconfig";
     let attempts = async |more: u32| -> Option<Secret> {
-        let first = addon_attempt(&api.get("waits").await.expect("get")).expect("attempted");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let cluster = api.get("waits").await.expect("get");
-            if addon_attempt(&cluster).expect("attempted") >= first + more {
-                return secrets.get_opt(name).await.expect("get Secret");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the add-on step not attempted {more} more times in 30 s: {:#?}",
-                cluster.status
-            );
-            reconcile(Arc::new(cluster), ctx.clone())
-                .await
-                .expect("reconcile");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let first = addon_attempt(&api.get("waits").await.expect("get"));
+        let done = |c: &Cluster| addon_attempt(c) >= first.map(|n| n + more);
+        converge(&ctx, &api, "waits", done, Duration::from_secs(30)).await;
+        secrets.get_opt(name).await.expect("get Secret")
     };
     let attempt_alone = || {
         kok_common::metrics::global()
