@@ -171,6 +171,7 @@ async fn node_operator(args: &Args) -> Result<Sample> {
         scheduler: false,
         kwok_nodes: 1,
         install_crds: true,
+        controller_manager_qps: None,
     })
     .context("start the business cluster")?;
     let client = env.client().await;

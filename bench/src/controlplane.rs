@@ -63,6 +63,7 @@ pub async fn run(args: Args) -> Result<()> {
             scheduler: true,
             kwok_nodes: 0,
             install_crds: true,
+            controller_manager_qps: None,
         })
         .context("start the meta-cluster")?,
     ));

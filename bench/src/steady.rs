@@ -70,6 +70,7 @@ pub async fn run(args: Args) -> Result<()> {
         scheduler: false,
         kwok_nodes: 1,
         install_crds: true,
+        controller_manager_qps: None,
     })
     .context("start the business cluster")?;
     let client = env.client().await;

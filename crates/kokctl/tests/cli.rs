@@ -227,6 +227,7 @@ async fn without_crds_the_error_says_to_install_them() {
             scheduler: false,
             kwok_nodes: 0,
             install_crds: false,
+            controller_manager_qps: None,
         })
     })
     .await

@@ -50,6 +50,12 @@ pub struct Options {
     pub kwok_nodes: usize,
     /// Apply the CRDs of `kube_on_kube_api` and wait until they are Established.
     pub install_crds: bool,
+    /// kube-controller-manager's `--kube-api-qps` (None: its default, 20 a
+    /// second per controller). Its Deployment and ReplicaSet controllers
+    /// create and update every Pod of the control planes in a fleet; at 20
+    /// requests a second they, not the operator, set how fast hundreds of
+    /// Clusters come up.
+    pub controller_manager_qps: Option<u32>,
 }
 
 impl Default for Options {
@@ -59,6 +65,7 @@ impl Default for Options {
             scheduler: false,
             kwok_nodes: 0,
             install_crds: true,
+            controller_manager_qps: None,
         }
     }
 }
@@ -69,6 +76,7 @@ const SHARED_OPTIONS: Options = Options {
     scheduler: true,
     kwok_nodes: 3,
     install_crds: true,
+    controller_manager_qps: None,
 };
 
 /// Upper bounds for each start step; generous because test binaries often start
@@ -228,6 +236,7 @@ async fn boot(workdir: Workdir, opts: Options) -> Result<KubeEnv, Error> {
             // Environments with simulated nodes test control planes, not node
             // failure; the node-operator's own, without them, see Nodes fail.
             opts.kwok_nodes > 0,
+            opts.controller_manager_qps,
         )?;
         let log = workdir.logs.join("kube-controller-manager.log");
         processes.push(Supervised::spawn("kube-controller-manager", cmd, &log)?);

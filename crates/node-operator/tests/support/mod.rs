@@ -541,6 +541,7 @@ impl Harness {
             scheduler: false,
             kwok_nodes: 0,
             install_crds: true,
+            controller_manager_qps: None,
         })
         .unwrap();
         let client = env.client().await;

@@ -76,6 +76,7 @@ const META: Options = Options {
     scheduler: true,
     kwok_nodes: 3,
     install_crds: true,
+    controller_manager_qps: None,
 };
 
 /// The business cluster only holds objects for node-operator; its Nodes would
@@ -85,6 +86,7 @@ const BUSINESS: Options = Options {
     scheduler: false,
     kwok_nodes: 0,
     install_crds: true,
+    controller_manager_qps: None,
 };
 
 const META_OPERATOR: &str = "kube-on-kube-operator";

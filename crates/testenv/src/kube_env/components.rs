@@ -108,6 +108,7 @@ pub(crate) fn apiserver(
     Ok(cmd)
 }
 
+/// `qps` sets its `--kube-api-qps` (and twice that as the burst).
 /// `patient_nodes` gives Nodes five minutes without a heartbeat before they
 /// are marked NotReady (instead of about 50 s): simulated nodes and Pod-runner
 /// nodes renew their Leases through the same loaded API server as everything
@@ -118,6 +119,7 @@ pub(crate) fn controller_manager(
     kubeconfig: &Path,
     cert_dir: &Path,
     patient_nodes: bool,
+    qps: Option<u32>,
 ) -> Result<Command, Error> {
     let mut cmd = Command::new(bins::bin("kube-controller-manager")?);
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
@@ -148,6 +150,10 @@ pub(crate) fn controller_manager(
         .arg("--v=2");
     if patient_nodes {
         cmd.arg("--node-monitor-grace-period=5m");
+    }
+    if let Some(qps) = qps {
+        cmd.arg(format!("--kube-api-qps={qps}"))
+            .arg(format!("--kube-api-burst={}", qps.saturating_mul(2)));
     }
     Ok(cmd)
 }
