@@ -202,7 +202,6 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     {
         kok_common::watch::touched(watcher(api, selector.clone()).default_backoff())
     }
-
     let members =
         watcher::Config::default().labels(&format!("{CLUSTER_LABEL},{}", etcd::MEMBER_LABEL));
     let controller = Controller::for_stream(clusters, store)

@@ -85,7 +85,6 @@ fn deployment(d: Option<&Deployment>, desired: i32, version: &str) -> ComponentS
     c
 }
 
-/// Build the status. `previous` supplies condition transition times.
 /// The Cluster's status with only the add-on step's outcome replaced, for a
 /// retry of that step alone (see [`crate::addon_wait`]). Only for an outcome
 /// that is not ready: the Cluster's last status then stays right in all
@@ -113,6 +112,7 @@ pub fn with_addons(
     Some(status)
 }
 
+/// Build the status. `previous` supplies condition transition times.
 pub fn build(
     cluster: &Cluster,
     names: &Names,

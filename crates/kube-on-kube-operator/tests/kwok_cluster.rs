@@ -80,6 +80,20 @@ fn condition(c: &Cluster, type_: &str) -> Option<String> {
     Some(c.status.as_ref()?.condition(type_)?.status.clone())
 }
 
+/// Every condition of the control plane True: all its objects exist and its
+/// Pods are Ready (add-ons need a business API, which kwok's Pods do not serve).
+fn control_plane_ready(c: &Cluster) -> bool {
+    [
+        "EtcdReady",
+        "APIServerReady",
+        "ControllerManagerReady",
+        "SchedulerReady",
+        "CertificatesReady",
+    ]
+    .iter()
+    .all(|t| condition(c, t).as_deref() == Some("True"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
     let env = KubeEnv::shared();
@@ -98,17 +112,7 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
         &ctx,
         &api,
         "prod",
-        |c| {
-            [
-                "EtcdReady",
-                "APIServerReady",
-                "ControllerManagerReady",
-                "SchedulerReady",
-                "CertificatesReady",
-            ]
-            .iter()
-            .all(|t| condition(c, t).as_deref() == Some("True"))
-        },
+        control_plane_ready,
         Duration::from_secs(120),
     )
     .await;
@@ -517,18 +521,7 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
     )
     .await
     .expect("create");
-    let settled = |c: &Cluster| {
-        [
-            "EtcdReady",
-            "APIServerReady",
-            "ControllerManagerReady",
-            "SchedulerReady",
-            "CertificatesReady",
-        ]
-        .iter()
-        .all(|t| condition(c, t).as_deref() == Some("True"))
-            && addon_attempt(c).is_some()
-    };
+    let settled = |c: &Cluster| control_plane_ready(c) && addon_attempt(c).is_some();
     converge(&ctx, &api, "waits", settled, Duration::from_secs(120)).await;
 
     // Reconcile (as the requeues would) until the add-on step was attempted
