@@ -37,6 +37,16 @@ fn ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// When a Pod's condition last changed.
+fn transition(pod: &Pod, type_: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == type_))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+}
+
 async fn ready_pod(client: &Client, ns: &str, name: &str) -> Pod {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for(
@@ -525,20 +535,38 @@ async fn exec_probes_gate_readiness_and_a_failing_liveness_probe_restarts() {
         .await
         .expect("create");
     let first = ready_pod(&client, &ns, "probed").await;
+    let first_since = |type_: &str| transition(&first, type_);
     assert_eq!(
         first
             .status
-            .and_then(|s| s.container_statuses)
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
             .expect("statuses")[0]
             .restart_count,
         0
     );
-    let restarted = wait_for("a liveness restart", Duration::from_secs(60), async || {
-        let p = pods.get("probed").await.ok()?;
-        let c = p.status?.container_statuses?.into_iter().next()?;
-        (c.restart_count >= 1).then_some(c)
-    })
+    let (restarted, again) = wait_for(
+        "a liveness restart, then ready again",
+        Duration::from_secs(60),
+        async || {
+            let p = pods.get("probed").await.ok()?;
+            let c = p.status.clone()?.container_statuses?.into_iter().next()?;
+            (c.restart_count >= 1 && ready(&p)).then_some((c, p))
+        },
+    )
     .await;
+    // Ready went False and back: its transition time moved on; PodScheduled
+    // never changed and kept its own.
+    assert!(
+        transition(&again, "Ready") > first_since("Ready"),
+        "{:?}",
+        again.status
+    );
+    assert!(first_since("PodScheduled").is_some());
+    assert_eq!(
+        transition(&again, "PodScheduled"),
+        first_since("PodScheduled")
+    );
     let last = restarted
         .last_state
         .and_then(|s| s.terminated)

@@ -1041,7 +1041,8 @@ async fn write_status(ctx: Arc<PodCtx>) {
     let api: Api<Pod> = Api::namespaced(ctx.shared.client.clone(), &ctx.namespace);
     let mut last = None;
     loop {
-        let status = build_status(&ctx);
+        let mut status = build_status(&ctx);
+        stamp_transitions(&mut status, last.as_ref(), Timestamp::now());
         if last.as_ref() != Some(&status) {
             let patch = serde_json::json!({ "status": status });
             match api
@@ -1054,6 +1055,21 @@ async fn write_status(ctx: Arc<PodCtx>) {
             }
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), ctx.changed.notified()).await;
+    }
+}
+
+/// Each condition's lastTransitionTime, as the kubelet keeps it: the time
+/// of the last write that changed its status, carried over otherwise.
+fn stamp_transitions(status: &mut PodStatus, last: Option<&PodStatus>, now: Timestamp) {
+    let before = last
+        .and_then(|l| l.conditions.as_deref())
+        .unwrap_or_default();
+    for c in status.conditions.iter_mut().flatten() {
+        c.last_transition_time = before
+            .iter()
+            .find(|b| b.type_ == c.type_ && b.status == c.status)
+            .and_then(|b| b.last_transition_time.clone())
+            .or(Some(Time(now)));
     }
 }
 
