@@ -12,7 +12,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolumeClaim, Pod, PodCondition, Secret, Service,
+};
 use k8s_openapi::jiff::Timestamp;
 use kok_common::watch::OwnWrites;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -45,6 +47,16 @@ pub const FAILED_AFTER: Duration = Duration::from_secs(300);
 
 /// Slots looked at: the most members any mode asks for.
 pub const MAX_MEMBERS: usize = 3;
+
+/// How long a member restarted by a roll must have been ready before the
+/// next member restarts. kube-apiserver's etcd client retries a member it
+/// lost after 1 s, then 1.6 times longer after each failure (±20 %); a
+/// member's restart keeps it away about 10 s (etcd gives its watch streams
+/// 7 s to end), so the client may next try it up to ~8 s after it is back.
+/// Until then the member serves etcd but not that client, and restarting
+/// another member would leave the client one of three, or none when its
+/// retry of the third is also pending: its requests then hang.
+pub const ROLL_SETTLE: Duration = Duration::from_secs(15);
 
 /// The etcd version a Cluster asks for.
 pub fn desired_version(cluster: &Cluster, config: &Config) -> String {
@@ -135,9 +147,7 @@ pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
     ) {
         return PodState::Failed;
     }
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    let ready = ready_condition(pod);
     if ready.is_some_and(|c| c.status == "True") {
         return PodState::Ready;
     }
@@ -153,6 +163,21 @@ pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
     } else {
         PodState::NotReady
     }
+}
+
+fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+}
+
+/// Whether a ready member Pod became ready less than [`ROLL_SETTLE`] ago.
+pub fn settling(pod: Option<&Pod>, now: Timestamp) -> bool {
+    pod.and_then(ready_condition)
+        .filter(|c| c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .is_some_and(|t| now.as_second() - t.0.as_second() < ROLL_SETTLE.as_secs() as i64)
 }
 
 /// The planner's view of a member's data. Without claims the data lives in
@@ -214,7 +239,9 @@ pub fn slots(
             let outdated = v
                 .pod
                 .is_some_and(|p| annotation(p, CONFIG_HASH_ANNOTATION) != Some(v.hash.as_str()));
-            Slot::new(names, index, pod, claim_state(uses_claims, v.claim, pod)).outdated(outdated)
+            Slot::new(names, index, pod, claim_state(uses_claims, v.claim, pod))
+                .outdated(outdated)
+                .settling(pod == PodState::Ready && settling(v.pod, now))
         })
         .collect()
 }

@@ -44,6 +44,11 @@ pub struct Slot {
     /// (a new etcd version, renewed certificates): it is restarted on its
     /// data, one member at a time.
     pub outdated: bool,
+    /// Ready only moments ago. etcd's clients (kube-apiserver) retry a
+    /// member they lost with a growing backoff, so they may not be connected
+    /// to it again yet: restarting another member now could leave them none
+    /// to talk to, although etcd keeps its quorum.
+    pub settling: bool,
 }
 
 impl Slot {
@@ -56,12 +61,19 @@ impl Slot {
             pod,
             claim,
             outdated: false,
+            settling: false,
         }
     }
 
     /// The same slot, with its Pod marked as running an outdated template.
     pub fn outdated(mut self, outdated: bool) -> Self {
         self.outdated = outdated;
+        self
+    }
+
+    /// The same slot, with its Pod marked as ready only moments ago.
+    pub fn settling(mut self, settling: bool) -> Self {
+        self.settling = settling;
         self
     }
 }
@@ -386,6 +398,19 @@ fn roll(o: &Observed<'_>, members: &[LiveMember<'_>], target: &LiveMember<'_>) -
     };
     let name = &o.slots[index].name;
     let voters = members.iter().filter(|m| !m.member.is_learner).count();
+    // Rolling takes a member away from its clients; the one rolled before
+    // it must be back in their hands first.
+    if let Some(back) = members
+        .iter()
+        .filter(|m| m.member.id != target.member.id)
+        .filter_map(|m| m.slot)
+        .find(|&i| o.slots[i].settling)
+    {
+        return wait(format!(
+            "{} is ready again; its clients reconnect before {name} restarts",
+            o.slots[back].name
+        ));
+    }
     if !o.data_outlives_pod {
         if voters == 1 {
             return wait(format!(

@@ -415,6 +415,7 @@ impl<'a> Driver<'a> {
                     ClaimState::Absent
                 },
                 outdated: false,
+                settling: false,
             });
         }
         (slots, self.client.member_list().await.ok())

@@ -75,6 +75,34 @@ fn pods_are_read_as_the_planner_needs() {
 }
 
 #[test]
+fn a_member_settles_for_a_while_after_it_turns_ready() {
+    let now = at(10_000);
+    let settle = ROLL_SETTLE.as_secs() as i64;
+    assert!(settling(Some(&pod("a", true, 0, 10_000 - settle + 1)), now));
+    assert!(!settling(Some(&pod("a", true, 0, 10_000 - settle)), now));
+    // Not ready, or ready at an unknown time: nothing to settle.
+    assert!(!settling(Some(&pod("a", false, 0, 9_999)), now));
+    assert!(!settling(None, now));
+    let mut unknown = pod("a", true, 0, 0);
+    unknown
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[0]
+        .last_transition_time = None;
+    assert!(!settling(Some(&unknown), now));
+    // The planner's slots carry it.
+    let ready_now = pod(&names().etcd_member(0), true, 0, 9_999);
+    let views = [SlotView {
+        pod: Some(&ready_now),
+        ..Default::default()
+    }];
+    assert!(slots(&names(), &views, false, now)[0].settling);
+}
+
+#[test]
 fn data_without_claims_lives_as_long_as_the_pod() {
     use ClaimState::*;
     assert_eq!(claim_state(false, None, PodState::Ready), Present);

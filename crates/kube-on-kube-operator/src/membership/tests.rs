@@ -476,6 +476,8 @@ struct World {
     added: Vec<u64>,
     /// Pods running an outdated template.
     outdated: Vec<bool>,
+    /// Pods ready only moments ago.
+    settling: Vec<bool>,
     /// Whether data survives a Pod (claims) or goes with it (emptyDir).
     durable: bool,
     /// Pod (re)starts of members that kept their ID, to count restarts.
@@ -493,6 +495,7 @@ impl World {
             recorded: None,
             added: vec![],
             outdated: vec![false; SLOTS],
+            settling: vec![false; SLOTS],
             durable: true,
             restarts: 0,
         }
@@ -524,7 +527,9 @@ impl World {
     fn plan(&self, desired: usize) -> Step {
         let slots: Vec<Slot> = (0..SLOTS)
             .map(|i| {
-                Slot::new(&names(), i, self.pods[i], self.claims[i]).outdated(self.outdated[i])
+                Slot::new(&names(), i, self.pods[i], self.claims[i])
+                    .outdated(self.outdated[i])
+                    .settling(self.settling[i])
             })
             .collect();
         let live = self.live();
@@ -932,6 +937,35 @@ fn a_roll_waits_while_another_voter_is_down() {
     let mut w = World::healthy(3);
     w.outdated[2] = true;
     assert_eq!(kinds(&w.converge(3)), ["roll", "start"]);
+}
+
+#[test]
+fn a_roll_waits_until_the_member_restarted_before_has_settled() {
+    for durable in [true, false] {
+        let mut w = World::outdated(3, durable);
+        w.outdated[0] = false;
+        w.settling[0] = true;
+        let step = w.plan(3);
+        assert!(
+            is_wait(&step, "etcd-0 is ready again; its clients reconnect"),
+            "{step:?}"
+        );
+        // The member to roll may itself be settling: only the others count.
+        w.settling = vec![false, true, false];
+        w.outdated = vec![false, true, false];
+        assert_ne!(w.plan(3), Step::Done);
+        assert!(!matches!(w.plan(3), Step::Wait { .. }), "{:?}", w.plan(3));
+        w.settling[1] = false;
+        w.outdated[2] = true;
+        w.settling[0] = true;
+        assert!(matches!(w.plan(3), Step::Wait { .. }));
+        w.settling[0] = false;
+        assert!(!matches!(w.plan(3), Step::Wait { .. }), "{:?}", w.plan(3));
+    }
+    // A cluster of one waits on nobody.
+    let mut w = World::outdated(1, true);
+    w.settling[0] = true;
+    assert_eq!(w.plan(1), Step::RollMember { index: 0 });
 }
 
 #[test]
