@@ -356,8 +356,8 @@ async fn production_members_recover_or_are_replaced_keeping_quorum() {
 
     let polled = poller.stop().await;
     println!(
-        "business API during the faults: {} answered, {} failed {:?}",
-        polled.ok, polled.failed, polled.failures
+        "business API during the faults: {} answered, {} failed {:?}, slowest {:?}",
+        polled.ok, polled.failed, polled.failures, polled.slowest
     );
     assert!(polled.ok > 0);
     assert_eq!(polled.failed, 0, "{:?}", polled.failures);
@@ -424,14 +424,9 @@ async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
         Some(OLD_ETCD)
     );
 
-    // Let the API server roll onto the three members before polling it.
-    wait_cluster(&clusters, name, "three API servers", READY, |c| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.components.as_ref())
-            .is_some_and(|x| x.api_server.ready == "3/3")
-    })
-    .await;
+    // Let the API server roll onto the three members before polling it, so
+    // the Pod polled is not one the rollout is about to replace.
+    wait_apiserver_rolled_out(&client, &ns, name, 3).await;
     let business = business_client(&client, &ns, name).await;
     let config_maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
     config_maps
@@ -477,8 +472,8 @@ async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
     assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
     let polled = poller.stop().await;
     println!(
-        "business API during the upgrade: {} answered, {} failed {:?}",
-        polled.ok, polled.failed, polled.failures
+        "business API during the upgrade: {} answered, {} failed {:?}, slowest {:?}",
+        polled.ok, polled.failed, polled.failures, polled.slowest
     );
     // Each member's own /version.
     let endpoints = member_endpoints(&client, &ns, name).await;

@@ -308,8 +308,9 @@ impl ServicePoller {
             let mut business = BusinessApi::new(client, &ns, &name);
             let started = Instant::now();
             let (mut ok, mut failed, mut failures) = (0, 0, Vec::new());
-            let (mut run, mut longest) = (0, 0);
+            let (mut run, mut longest, mut slowest) = (0, 0, Duration::ZERO);
             while !s.load(Ordering::Relaxed) {
+                let asked = Instant::now();
                 let answer = match business.next().await {
                     None => Err("no ready kube-apiserver endpoint".to_string()),
                     Some((address, c)) => {
@@ -322,6 +323,7 @@ impl ServicePoller {
                         }
                     }
                 };
+                slowest = slowest.max(asked.elapsed());
                 match answer {
                     Ok(()) => {
                         ok += 1;
@@ -343,6 +345,7 @@ impl ServicePoller {
                     ok,
                     failed,
                     failures,
+                    slowest,
                 },
                 longest,
             )
@@ -363,8 +366,8 @@ impl ServicePoller {
 /// and printed, not a failure of the test.
 fn assert_available(polled: &Polled, longest_outage: u32) {
     println!(
-        "business API: {} answered, {} failed, at most {longest_outage} in a row {:?}",
-        polled.ok, polled.failed, polled.failures
+        "business API: {} answered, {} failed, at most {longest_outage} in a row {:?}, slowest {:?}",
+        polled.ok, polled.failed, polled.failures, polled.slowest
     );
     assert!(polled.ok > 0);
     assert!(longest_outage < 2, "{:?}", polled.failures);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kok_testenv::kube_env::KubeEnv;
@@ -210,6 +211,30 @@ pub async fn ready_pods(client: &Client, ns: &str, name: &str, component: &str) 
     .collect()
 }
 
+/// Wait until cluster `name`'s kube-apiserver Deployment has rolled out
+/// completely: `replicas` Pods, all of the current template and ready, none
+/// of an older one left to be replaced. The component status counts ready
+/// replicas of every template, so it reads `3/3` in the middle of a rollout
+/// too, while an old Pod a test might pick is still about to go.
+pub async fn wait_apiserver_rolled_out(client: &Client, ns: &str, name: &str, replicas: i32) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let deployment = format!("{name}-apiserver");
+    wait_for(
+        "the kube-apiserver rollout to complete",
+        Duration::from_secs(300),
+        async || {
+            let d = deployments.get(&deployment).await.ok()?;
+            let s = d.status?;
+            (s.observed_generation >= d.metadata.generation
+                && s.replicas == Some(replicas)
+                && s.updated_replicas == Some(replicas)
+                && s.ready_replicas == Some(replicas))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
 /// A client of the business API of cluster `name` as its admin, through one
 /// ready kube-apiserver Pod's address (checked against the name in its
 /// certificate).
@@ -244,7 +269,7 @@ pub struct Poller {
     stop: Arc<AtomicBool>,
     ok: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<Vec<String>>,
+    task: tokio::task::JoinHandle<(Vec<String>, Duration)>,
 }
 
 /// What a poller saw.
@@ -254,6 +279,8 @@ pub struct Polled {
     pub failed: u64,
     /// The first few failures, with the time since polling started.
     pub failures: Vec<String>,
+    /// The longest any call took, answered or not.
+    pub slowest: Duration,
 }
 
 impl Poller {
@@ -267,8 +294,11 @@ impl Poller {
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let mut failures = Vec::new();
+            let mut slowest = Duration::ZERO;
             while !s.load(Ordering::Relaxed) {
+                let asked = Instant::now();
                 let answer = tokio::time::timeout(Duration::from_secs(5), api.get(&name)).await;
+                slowest = slowest.max(asked.elapsed());
                 match answer {
                     Ok(Ok(_)) => {
                         o.fetch_add(1, Ordering::Relaxed);
@@ -282,7 +312,7 @@ impl Poller {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            failures
+            (failures, slowest)
         });
         Self {
             stop,
@@ -302,11 +332,12 @@ impl Poller {
 
     pub async fn stop(self) -> Polled {
         self.stop.store(true, Ordering::Relaxed);
-        let failures = self.task.await.expect("poller");
+        let (failures, slowest) = self.task.await.expect("poller");
         Polled {
             ok: self.ok.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             failures,
+            slowest,
         }
     }
 }
