@@ -486,6 +486,12 @@ pub async fn reconcile(
         },
         _ => None,
     };
+    // Each member's own answer: who leads, for the planner, and the report
+    // unless a step changes things first.
+    let answers = match (&etcd, &live) {
+        (Some(etcd), Some(live)) => Some(member_answers(etcd, names, live, &slots).await),
+        _ => None,
+    };
     let recorded = recorded_step(client, names).await?;
     let step = membership::plan(&Observed {
         desired,
@@ -493,6 +499,7 @@ pub async fn reconcile(
         live: live.as_deref(),
         recorded: recorded.as_ref(),
         data_outlives_pod: uses_claims,
+        leader: answers.as_ref().and_then(leader),
     });
     tracing::debug!(step = ?step, "etcd plan");
 
@@ -549,7 +556,10 @@ pub async fn reconcile(
         .and_then(|c| c.etcd.version.clone());
     let report = match (&etcd, &live) {
         (Some(etcd), Some(live)) => {
-            let answers = member_answers(etcd, names, live, &slots).await;
+            let answers = match answers {
+                Some(answers) if !acted => answers,
+                _ => member_answers(etcd, names, live, &slots).await,
+            };
             let members = member_statuses(&slots, live, &answers);
             let running = running_version(&answers);
             let (condition, settled) =
@@ -699,6 +709,18 @@ async fn member_answers(
         .into_iter()
         .filter_map(|(id, answer)| answer.ok().map(|s| (id, s)))
         .collect()
+}
+
+/// The leader most members that answered follow.
+pub fn leader(answers: &BTreeMap<u64, Status>) -> Option<u64> {
+    let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
+    for s in answers.values().filter(|s| s.leader != 0) {
+        *votes.entry(s.leader).or_default() += 1;
+    }
+    votes
+        .into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map(|(leader, _)| leader)
 }
 
 /// The change recorded in the Cluster's status, read fresh: the Cluster the

@@ -202,6 +202,8 @@ pub struct Observed<'a> {
     /// Whether a member's data survives its Pod (a claim). Without a claim
     /// a deleted Pod takes its data along, so rolling a member replaces it.
     pub data_outlives_pod: bool,
+    /// The member ID the members that answered follow as their leader.
+    pub leader: Option<u64>,
 }
 
 fn wait(reason: impl Into<String>) -> Step {
@@ -380,10 +382,13 @@ fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
         return Step::AddLearner { index };
     }
 
-    // 7. Roll outdated members, one at a time, only while every voter serves.
+    // 7. Roll outdated members, one at a time, only while every voter
+    // serves; the leader last, so that leadership moves once, not with
+    // every restart.
     if let Some(m) = members
         .iter()
-        .find(|m| m.slot.is_some_and(|i| o.slots[i].outdated))
+        .filter(|m| m.slot.is_some_and(|i| o.slots[i].outdated))
+        .min_by_key(|m| o.leader == Some(m.member.id))
     {
         return roll(o, &members, m);
     }

@@ -502,6 +502,7 @@ impl<'a> Driver<'a> {
                 live: live.as_deref(),
                 recorded: self.recorded.as_ref(),
                 data_outlives_pod: true,
+                leader: None,
             });
             match &step {
                 Step::Done => {

@@ -103,6 +103,36 @@ fn a_member_settles_for_a_while_after_it_turns_ready() {
 }
 
 #[test]
+fn the_leader_is_the_one_most_answers_follow() {
+    let follows = |leaders: &[u64]| -> BTreeMap<u64, Status> {
+        leaders
+            .iter()
+            .enumerate()
+            .map(|(i, &leader)| {
+                (
+                    i as u64 + 1,
+                    Status {
+                        member_id: i as u64 + 1,
+                        leader,
+                        version: "3.6.16".into(),
+                        is_learner: false,
+                        raft_index: 0,
+                        raft_applied_index: 0,
+                        errors: vec![],
+                    },
+                )
+            })
+            .collect()
+    };
+    assert_eq!(leader(&follows(&[2, 2, 2])), Some(2));
+    // A member that lost its leader, or still follows the old one.
+    assert_eq!(leader(&follows(&[3, 0, 3])), Some(3));
+    assert_eq!(leader(&follows(&[1, 3, 3])), Some(3));
+    assert_eq!(leader(&follows(&[0, 0])), None);
+    assert_eq!(leader(&BTreeMap::new()), None);
+}
+
+#[test]
 fn data_without_claims_lives_as_long_as_the_pod() {
     use ClaimState::*;
     assert_eq!(claim_state(false, None, PodState::Ready), Present);

@@ -75,6 +75,7 @@ fn plan_for(
         live,
         recorded,
         data_outlives_pod: true,
+        leader: None,
     })
 }
 
@@ -478,6 +479,8 @@ struct World {
     outdated: Vec<bool>,
     /// Pods ready only moments ago.
     settling: Vec<bool>,
+    /// The member the others follow.
+    leader: Option<u64>,
     /// Whether data survives a Pod (claims) or goes with it (emptyDir).
     durable: bool,
     /// Pod (re)starts of members that kept their ID, to count restarts.
@@ -496,6 +499,7 @@ impl World {
             added: vec![],
             outdated: vec![false; SLOTS],
             settling: vec![false; SLOTS],
+            leader: None,
             durable: true,
             restarts: 0,
         }
@@ -539,6 +543,7 @@ impl World {
             live: live.as_deref(),
             recorded: self.recorded.as_ref(),
             data_outlives_pod: self.durable,
+            leader: self.leader,
         })
     }
 
@@ -821,6 +826,7 @@ fn quorum_protection_blocks_until_a_voter_recovers() {
         live: Some(&w.members),
         recorded: None,
         data_outlives_pod: true,
+        leader: None,
     });
     assert!(is_wait(&step, "quorum"), "{step:?}");
     w.pods[2] = Ready;
@@ -924,6 +930,24 @@ fn outdated_members_roll_one_at_a_time_on_their_data() {
         };
         assert_eq!(*index, i / 2);
         assert_eq!(*state, ClusterState::Existing);
+    }
+}
+
+#[test]
+fn the_leader_rolls_last() {
+    for leader in 0..3 {
+        let mut w = World::outdated(3, true);
+        w.leader = Some(id_of(leader));
+        let rolled: Vec<usize> = w
+            .converge(3)
+            .iter()
+            .filter_map(|s| match s {
+                Step::RollMember { index } => Some(*index),
+                _ => None,
+            })
+            .collect();
+        let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+        assert_eq!(rolled, [others[0], others[1], leader], "leader {leader}");
     }
 }
 
