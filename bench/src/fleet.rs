@@ -329,18 +329,10 @@ fn stop(child: &mut Child) {
 /// control-plane Pods are Ready. (Add-ons need a business API that answers,
 /// which simulated Pods do not have.)
 fn converged(cluster: &Cluster) -> bool {
-    let Some(status) = &cluster.status else {
-        return false;
-    };
-    [
-        "EtcdReady",
-        "APIServerReady",
-        "ControllerManagerReady",
-        "SchedulerReady",
-        "CertificatesReady",
-    ]
-    .iter()
-    .all(|t| status.condition(t).is_some_and(|c| c.status == "True"))
+    cluster
+        .status
+        .as_ref()
+        .is_some_and(kube_on_kube_api::ClusterStatus::control_plane_ready)
 }
 
 fn cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {

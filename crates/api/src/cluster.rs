@@ -465,10 +465,41 @@ pub struct ClusterStatus {
     pub certificates_expire_at: Option<Time>,
 }
 
+/// Condition types of a Cluster's status.
+pub const ETCD_READY: &str = "EtcdReady";
+pub const APISERVER_READY: &str = "APIServerReady";
+pub const CONTROLLER_MANAGER_READY: &str = "ControllerManagerReady";
+pub const SCHEDULER_READY: &str = "SchedulerReady";
+pub const ADDONS_READY: &str = "AddonsReady";
+pub const CERTIFICATES_READY: &str = "CertificatesReady";
+pub const READY: &str = "Ready";
+/// True while a version upgrade rolls through the components; False with the
+/// reason when a version change was refused.
+pub const PROGRESSING: &str = "Progressing";
+
+/// The conditions of the control plane itself: its certificates, etcd and
+/// the three Deployments, without the add-ons (which need a business API
+/// that answers).
+pub const CONTROL_PLANE_CONDITIONS: [&str; 5] = [
+    ETCD_READY,
+    APISERVER_READY,
+    CONTROLLER_MANAGER_READY,
+    SCHEDULER_READY,
+    CERTIFICATES_READY,
+];
+
 impl ClusterStatus {
     /// The condition of type `type_`, if reported.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Every one of [`CONTROL_PLANE_CONDITIONS`] is True: all the control
+    /// plane's objects exist and its Pods are Ready.
+    pub fn control_plane_ready(&self) -> bool {
+        CONTROL_PLANE_CONDITIONS
+            .iter()
+            .all(|t| self.condition(t).is_some_and(|c| c.status == "True"))
     }
 }
 
@@ -532,4 +563,45 @@ pub struct EtcdMemberStatus {
     /// Whether the member is a learner not yet promoted to voter.
     #[serde(default)]
     pub learner: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(conditions: &[(&str, &str)]) -> ClusterStatus {
+        ClusterStatus {
+            conditions: conditions
+                .iter()
+                .map(|(t, s)| Condition {
+                    type_: t.to_string(),
+                    status: s.to_string(),
+                    reason: "Test".into(),
+                    message: String::new(),
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                    observed_generation: None,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_control_plane_is_ready_when_its_five_conditions_are_true() {
+        let mut all: Vec<(&str, &str)> = CONTROL_PLANE_CONDITIONS
+            .iter()
+            .map(|t| (*t, "True"))
+            .collect();
+        // Add-ons do not count.
+        all.push((ADDONS_READY, "False"));
+        assert!(with(&all).control_plane_ready());
+        for missing in 0..CONTROL_PLANE_CONDITIONS.len() {
+            let mut some = all.clone();
+            some[missing].1 = "False";
+            assert!(!with(&some).control_plane_ready(), "{some:?}");
+            some.remove(missing);
+            assert!(!with(&some).control_plane_ready(), "{some:?}");
+        }
+        assert!(!ClusterStatus::default().control_plane_ready());
+    }
 }

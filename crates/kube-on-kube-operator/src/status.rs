@@ -12,17 +12,11 @@ use kube_on_kube_api::cluster::{
 
 use crate::names::{Component, Names};
 
-/// Condition types.
-pub const ETCD_READY: &str = "EtcdReady";
-pub const APISERVER_READY: &str = "APIServerReady";
-pub const CONTROLLER_MANAGER_READY: &str = "ControllerManagerReady";
-pub const SCHEDULER_READY: &str = "SchedulerReady";
-pub const ADDONS_READY: &str = "AddonsReady";
-pub const CERTIFICATES_READY: &str = "CertificatesReady";
-pub const READY: &str = "Ready";
-/// True while a version upgrade rolls through the components; False with the
-/// reason when a version change was refused.
-pub const PROGRESSING: &str = "Progressing";
+/// Condition types (part of the API).
+pub use kube_on_kube_api::cluster::{
+    ADDONS_READY, APISERVER_READY, CERTIFICATES_READY, CONTROLLER_MANAGER_READY, ETCD_READY,
+    PROGRESSING, READY, SCHEDULER_READY,
+};
 
 /// What the reconcile saw and did.
 pub struct Observed<'a> {

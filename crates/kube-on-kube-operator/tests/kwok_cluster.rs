@@ -13,8 +13,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
-use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ClusterMode;
+use kube_on_kube_api::{Cluster, ClusterStatus};
 use kube_on_kube_operator::controller::{Config, Context, WATCHED_RECHECK, reconcile};
 
 fn example(mode: ClusterMode, namespace: &str, name: &str) -> Cluster {
@@ -80,18 +80,12 @@ fn condition(c: &Cluster, type_: &str) -> Option<String> {
     Some(c.status.as_ref()?.condition(type_)?.status.clone())
 }
 
-/// Every condition of the control plane True: all its objects exist and its
-/// Pods are Ready (add-ons need a business API, which kwok's Pods do not serve).
+/// Every condition of the control plane True (add-ons need a business API,
+/// which kwok's Pods do not serve).
 fn control_plane_ready(c: &Cluster) -> bool {
-    [
-        "EtcdReady",
-        "APIServerReady",
-        "ControllerManagerReady",
-        "SchedulerReady",
-        "CertificatesReady",
-    ]
-    .iter()
-    .all(|t| condition(c, t).as_deref() == Some("True"))
+    c.status
+        .as_ref()
+        .is_some_and(ClusterStatus::control_plane_ready)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
