@@ -178,6 +178,8 @@ spec:
             - {{ printf "--http-address=0.0.0.0:%v" $root.Values.httpPort | quote }}
             - {{ printf "--log-format=%s" $root.Values.logFormat | quote }}
             - {{ printf "--log-level=%s" $root.Values.logLevel | quote }}
+            {{- /* Reconciles in flight get the Pod's grace period less 5 s, so the Lease is released before the kubelet kills the container. */}}
+            - {{ printf "--shutdown-grace=%ds" (max 1 (sub (int .values.terminationGracePeriodSeconds) 5)) | quote }}
             {{- if .values.leaderElection.enabled }}
             - "--leader-elect"
             - {{ printf "--leader-election-namespace=%s" $root.Release.Namespace | quote }}

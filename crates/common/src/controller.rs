@@ -1,6 +1,7 @@
 //! Driving a `kube::runtime::Controller` the same way in every operator: time
 //! and count every reconcile in the metrics, report the controller's cache in
-//! `/readyz`, log each reconcile outcome and stop cleanly on SIGTERM/SIGINT.
+//! `/readyz`, log each reconcile outcome and stop cleanly when shutdown is
+//! requested (SIGTERM/SIGINT, see [`crate::shutdown`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -16,7 +17,7 @@ use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-/// Run `controller` until SIGTERM/SIGINT with `reconcile` and `error_policy`,
+/// Run `controller` until shutdown is requested, with `reconcile` and `error_policy`,
 /// as controller `name` in metrics and logs. `category` names a failure for
 /// the `kok_reconcile_failures_total` label (each crate's `Error::category`).
 pub async fn run<K, Ctx, E, Fut>(
@@ -37,7 +38,7 @@ pub async fn run<K, Ctx, E, Fut>(
     crate::health::global().track(name, store.clone());
     let metrics = crate::metrics::global();
     if K::kind(&K::DynamicType::default()) == "Cluster" {
-        tokio::spawn(forget_deleted_clusters(store));
+        tokio::spawn(forget_deleted_clusters(store.clone()));
     }
     let timed = move |obj: Arc<K>, ctx: Arc<Ctx>| {
         let reconciled = reconcile(obj, ctx);
@@ -49,9 +50,30 @@ pub async fn run<K, Ctx, E, Fut>(
         }
     };
     let stream = controller
-        .shutdown_on_signal()
+        .graceful_shutdown_on(crate::shutdown::requested())
         .run(timed, error_policy, ctx);
-    drive(name, stream).await;
+    tokio::select! {
+        () = drive(name, stream) => {}
+        () = stopped_before_sync(&store) => {
+            tracing::info!(controller = name, "controller stopped before its cache synced");
+        }
+    }
+}
+
+/// Resolves when shutdown is requested before `store` has been filled. The
+/// controller has then reconciled nothing (it holds every reconcile until its
+/// cache is filled), and its stream would never end: a graceful shutdown
+/// stops the watches that fill the cache, and then waits for it.
+async fn stopped_before_sync<K>(store: &Store<K>)
+where
+    K: Clone + Resource + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    use futures::FutureExt;
+    crate::shutdown::requested().await;
+    if matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Every minute, drop the per-cluster metric series of Clusters that are no

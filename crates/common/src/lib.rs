@@ -13,6 +13,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
+pub mod shutdown;
 pub mod telemetry;
 pub mod watch;
 

@@ -4,6 +4,7 @@
 //! leadership is lost so the replica is restarted as a fresh candidate.
 
 use std::future::Future;
+use std::time::Duration;
 
 use kube::Client;
 
@@ -11,6 +12,7 @@ use crate::health;
 use crate::http::HttpArgs;
 use crate::leader::{LeaderArgs, Lost};
 use crate::metrics;
+use crate::shutdown;
 
 /// The part of `--help` about running in production.
 pub const AFTER_HELP: &str = "\
@@ -27,7 +29,8 @@ HTTP endpoint (--http-address):
 Leader election: only the replica holding the Lease runs the controllers. A
 replica that cannot renew within the renew deadline exits (code 1) so it
 restarts as a candidate; on SIGTERM/SIGINT the leader finishes running
-reconciles and releases the Lease, so a standby takes over at once.";
+reconciles (for at most --shutdown-grace) and releases the Lease, so a standby
+takes over at once. A second SIGTERM/SIGINT exits without waiting.";
 
 /// Flags every operator has for running in production.
 #[derive(clap::Args, Debug, Clone)]
@@ -36,6 +39,11 @@ pub struct RuntimeArgs {
     pub http: HttpArgs,
     #[command(flatten)]
     pub leader: LeaderArgs,
+    /// How long, after SIGTERM/SIGINT, the reconciles in flight may run on
+    /// before they are cut short so the Lease is released and the process
+    /// exits. Keep it below the Pod's terminationGracePeriodSeconds.
+    #[arg(long, env = "KOK_SHUTDOWN_GRACE", default_value = "25s", value_parser = crate::duration::parse)]
+    pub shutdown_grace: Duration,
 }
 
 /// Why an operator stopped other than by a signal.
@@ -48,6 +56,9 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The SIGTERM/SIGINT handlers could not be installed.
+    #[error("cannot listen for SIGTERM/SIGINT: {0}")]
+    Signals(#[source] std::io::Error),
     /// Contradicting flags.
     #[error("{0}")]
     Flags(String),
@@ -55,22 +66,6 @@ pub enum RunError {
     /// and does not write next to the new leader.
     #[error("lost leadership: {0}")]
     LostLeadership(#[source] Lost),
-}
-
-/// Resolves on the first SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 /// Run `controllers` (a future that ends on SIGTERM/SIGINT) the way `args`
@@ -83,6 +78,7 @@ pub async fn run(
     lease: &str,
     controllers: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    shutdown::listen().map_err(RunError::Signals)?;
     let address = args.http.http_address;
     crate::http::serve(address)
         .await
@@ -91,7 +87,7 @@ pub async fn run(
     let metrics = metrics::global();
     if !args.leader.leader_elect {
         tracing::info!("leader election is off: running the controllers");
-        controllers.await;
+        stop_within(args.shutdown_grace, shutdown::requested(), controllers).await;
         return Ok(());
     }
     let mut elector = args
@@ -104,19 +100,16 @@ pub async fn run(
     tracing::info!(lease = %format!("{}/{}", elector.namespace, lease), identity = %elector.identity, "standing for leader election");
     tokio::select! {
         _ = elector.acquire() => {}
-        _ = shutdown_signal() => {
+        () = shutdown::requested() => {
             tracing::info!("stopped while standing by");
             return Ok(());
         }
     }
     health.set_standby(false);
     metrics.set_leading(&lease, true);
-    let lost = {
-        tokio::pin!(controllers);
-        tokio::select! {
-            _ = &mut controllers => None,
-            lost = elector.hold() => Some(lost),
-        }
+    let lost = tokio::select! {
+        () = stop_within(args.shutdown_grace, shutdown::requested(), controllers) => None,
+        lost = elector.hold() => Some(lost),
     };
     metrics.set_leading(&lease, false);
     match lost {
@@ -128,5 +121,67 @@ pub async fn run(
             tracing::error!(reason = %lost, "lost leadership; exiting so this replica restarts as a candidate");
             Err(RunError::LostLeadership(lost))
         }
+    }
+}
+
+/// Run `controllers` until they stop on the shutdown request, or until
+/// `grace` has passed since the request (`requested` resolving), when those
+/// still running are dropped (their reconciles in flight with them) so the
+/// process can release its Lease and exit before the kubelet kills it.
+async fn stop_within(
+    grace: Duration,
+    requested: impl Future<Output = ()>,
+    controllers: impl Future<Output = ()>,
+) {
+    tokio::select! {
+        () = controllers => {}
+        () = async {
+            requested.await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(
+                grace = %format!("{grace:?}"),
+                "controllers still running after the shutdown grace period; stopping them"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn controllers_that_do_not_stop_are_dropped_a_grace_period_after_the_request() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        struct Flag(Arc<AtomicBool>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let flag = Flag(dropped.clone());
+        let stuck = async move {
+            let _flag = flag;
+            std::future::pending::<()>().await;
+        };
+        let start = tokio::time::Instant::now();
+        let requested = tokio::time::sleep(Duration::from_secs(3));
+        stop_within(Duration::from_secs(25), requested, stuck).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(28));
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the stuck controllers were dropped"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn controllers_that_stop_are_not_waited_for() {
+        let start = tokio::time::Instant::now();
+        let stops = tokio::time::sleep(Duration::from_secs(2));
+        stop_within(Duration::from_secs(25), std::future::ready(()), stops).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
     }
 }

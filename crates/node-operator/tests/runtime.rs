@@ -2,7 +2,8 @@
 //! server: two replicas elect a leader with the Lease `kube-system/node-operator`
 //! (in the cluster it manages), only the leader reconciles Machines, /readyz
 //! turns 200 once all of its controllers' caches are synced (the standby's
-//! at once), `kok_machines` counts Machines by phase, and SIGTERM hands over.
+//! at once), `kok_machines` counts Machines by phase, and SIGTERM hands over,
+//! also when it comes the moment a replica takes the Lease.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -79,12 +80,35 @@ impl Replica {
     }
 }
 
+impl Replica {
+    /// SIGTERM, then the process must exit 0 within 30 s.
+    async fn stop(mut self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let what = format!("{} to exit after SIGTERM", self.name);
+        let exit = wait_for(&what, Duration::from_secs(30), async || {
+            self.child.try_wait().ok().flatten()
+        })
+        .await;
+        assert!(exit.success(), "{}: exit status {exit:?}", self.name);
+    }
+}
+
 impl Drop for Replica {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("{} log: {}", self.name, self.log.display());
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            eprintln!("{} log ({}), last lines:", self.name, self.log.display());
+            for line in tail.iter().rev() {
+                eprintln!("  {line}");
+            }
         }
     }
 }
@@ -124,7 +148,7 @@ async fn leader_reconciles_machines_standby_waits_and_sigterm_hands_over() {
     })
     .await;
     assert!(why.contains("caches synced"), "{why}");
-    let mut b = Replica::start(env, "node-b");
+    let b = Replica::start(env, "node-b");
     let (_, why) = wait_for("node-b /readyz 200", Duration::from_secs(60), async || {
         b.get("/readyz").filter(|(s, _)| *s == 200)
     })
@@ -182,19 +206,8 @@ async fn leader_reconciles_machines_standby_waits_and_sigterm_hands_over() {
     );
 
     // SIGTERM: node-a releases the Lease and exits 0, node-b takes over.
-    let mut a = a;
     let stopped = Instant::now();
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(a.child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let exit = wait_for("node-a to exit", Duration::from_secs(60), async || {
-        a.child.try_wait().ok().flatten()
-    })
-    .await;
-    assert!(exit.success(), "exit status {exit:?}");
+    a.stop().await;
     let took = wait_for("node-b to lead", Duration::from_secs(30), async || {
         (holder(&leases).await.as_deref() == Some("node-b")).then(|| stopped.elapsed())
     })
@@ -205,9 +218,20 @@ async fn leader_reconciles_machines_standby_waits_and_sigterm_hands_over() {
         (sum(&b.metrics(), "kok_reconciles_total{controller=\"machine\"}") >= 1.0).then_some(())
     })
     .await;
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(b.child.id().to_string())
-        .status();
-    let _ = b.child.wait();
+
+    // SIGTERM the moment a replica takes the Lease, before its controllers'
+    // caches are filled: it still stops, releases the Lease and exits 0.
+    let c = Replica::start(env, "node-c");
+    b.stop().await;
+    // Polled far more often than wait_for does: the caches fill within a
+    // second of taking the Lease.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while holder(&leases).await.as_deref() != Some("node-c") {
+        assert!(Instant::now() < deadline, "node-c did not take the Lease");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let synced = c.get("/readyz").is_some_and(|(s, _)| s == 200);
+    c.stop().await;
+    println!("node-c stopped as it took the Lease (caches synced: {synced})");
+    assert_eq!(holder(&leases).await, None, "node-c released the Lease");
 }

@@ -102,15 +102,6 @@ impl Process {
         self.child.id()
     }
 
-    /// Send `signal` (for example SIGTERM) and wait for the exit status.
-    pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status();
-        self.child.wait().expect("wait")
-    }
-
     /// Whether the process has exited, with its status.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
