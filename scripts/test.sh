@@ -15,6 +15,10 @@ fi
 KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh | tail -n 1)
 export KOK_TESTENV_BIN_DIR
 echo "test binaries: $KOK_TESTENV_BIN_DIR"
+# A test binary still running after this (the longest takes under 7 minutes)
+# prints its threads' stacks and fails, rather than running the whole test run
+# out of time (crates/testenv/src/watchdog.rs).
+export KOK_TEST_BINARY_TIMEOUT="${KOK_TEST_BINARY_TIMEOUT:-20m}"
 # The dev environment's test runs the operator binaries, which cargo test does
 # not build for it.
 cargo build --workspace --bins

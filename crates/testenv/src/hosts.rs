@@ -538,6 +538,7 @@ fn live_runs() -> MutexGuard<'static, Vec<Weak<Run>>> {
 /// Remembers `run` for the exit hook, which tears down the runs nobody
 /// dropped: those in statics, or leaked.
 fn register(run: &Arc<Run>) {
+    crate::watchdog::arm();
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         // SAFETY: registers a plain function; it runs when the process

@@ -13,3 +13,4 @@ mod process;
 pub mod proxy;
 mod sys;
 pub mod wait;
+pub mod watchdog;

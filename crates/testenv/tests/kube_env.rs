@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kok_testenv::bins;
 use kok_testenv::kube_env::{KubeEnv, Options};
+use kok_testenv::watchdog;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::KubeConfigOptions;
 use kube::{Api, Client};
@@ -389,6 +390,28 @@ fn no_process_survives_a_killed_test_binary() {
     assert_all_gone(&pids, Duration::from_secs(10));
 }
 
+#[test]
+fn a_hung_test_binary_is_stopped_by_its_watchdog() {
+    let limit = Duration::from_secs(40);
+    let mut probe = Probe::start_with("hang", Some(&format!("{}s", limit.as_secs())));
+    let started = Instant::now();
+    let status = probe.wait(Duration::from_secs(240));
+    let took = started.elapsed();
+    let output = probe.output();
+    assert_eq!(status.code(), Some(101), "{output}");
+    assert!(
+        took >= limit,
+        "exited after {took:?}, before the limit; {output}"
+    );
+    assert!(
+        output.contains(watchdog::TIMEOUT_VAR) && output.contains("a test hangs"),
+        "{output}"
+    );
+    println!("watchdog stopped the hung probe after {took:?}");
+    let pids = probe.pids();
+    assert_all_gone(&pids, Duration::from_secs(10));
+}
+
 /// This test binary run again with only `leak_probe` selected.
 struct Probe {
     child: std::process::Child,
@@ -398,12 +421,23 @@ struct Probe {
 
 impl Probe {
     fn start(mode: &str) -> Probe {
+        Self::start_with(mode, None)
+    }
+
+    /// With `watchdog` as the probe's `KOK_TEST_BINARY_TIMEOUT` (none if
+    /// `None`, whatever this run has).
+    fn start_with(mode: &str, watchdog: Option<&str>) -> Probe {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("pids");
         let exe = std::env::current_exe().expect("test binary path");
         let log =
             |name: &str| std::fs::File::create(dir.path().join(name)).expect("probe log file");
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        match watchdog {
+            Some(limit) => command.env(watchdog::TIMEOUT_VAR, limit),
+            None => command.env_remove(watchdog::TIMEOUT_VAR),
+        };
+        let child = command
             .args(["leak_probe", "--exact", "--nocapture", "--test-threads=1"])
             .env(PROBE_MODE, mode)
             .env(PROBE_OUT, &out)

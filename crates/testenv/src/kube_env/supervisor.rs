@@ -172,6 +172,7 @@ fn forget(pid: i32) {
 }
 
 fn install_exit_hook() {
+    crate::watchdog::arm();
     EXIT_HOOK.call_once(|| {
         // SAFETY: registers a plain `extern "C" fn` with no captured state.
         let rc = unsafe { libc::atexit(kill_all_at_exit) };
