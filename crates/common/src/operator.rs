@@ -68,7 +68,7 @@ pub enum RunError {
     LostLeadership(#[source] Lost),
 }
 
-/// Run `controllers` (a future that ends on SIGTERM/SIGINT) the way `args`
+/// Run `controllers` (a future that ends once shutdown is requested) the way `args`
 /// say. `namespace` and `lease` are the Lease's defaults when the flags do not
 /// name one.
 pub async fn run(

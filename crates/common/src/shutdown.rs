@@ -22,11 +22,6 @@ pub fn request() {
     requests().send_replace(true);
 }
 
-/// Whether shutdown has been requested.
-pub fn is_requested() -> bool {
-    *requests().borrow()
-}
-
 /// Resolves once shutdown has been requested (at once if it already was).
 pub async fn requested() {
     let mut requests = requests().subscribe();
@@ -74,7 +69,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_reaches_waiters_started_before_and_after_it() {
-        assert!(!is_requested());
+        assert!(!*requests().borrow());
         let before = tokio::spawn(requested());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!before.is_finished(), "resolved before any request");
@@ -83,7 +78,7 @@ mod tests {
             .await
             .expect("a waiter from before the request")
             .expect("join");
-        assert!(is_requested());
+        assert!(*requests().borrow());
         tokio::time::timeout(Duration::from_secs(5), requested())
             .await
             .expect("a waiter from after the request");

@@ -78,9 +78,7 @@ impl Replica {
             })
             .collect()
     }
-}
 
-impl Replica {
     /// SIGTERM, then the process must exit 0 within 30 s.
     async fn stop(mut self) {
         let status = Command::new("kill")

@@ -5,7 +5,6 @@
 //! installed) and exits with code 101. The exit hooks stop every component
 //! and host as on any other exit.
 
-use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 use std::sync::Once;
 use std::time::Duration;
@@ -52,12 +51,7 @@ fn expire(limit: Duration) -> ! {
     let dumped = Command::new("gdb")
         .args(["-p", &pid, "-batch", "-nx", "-ex", "thread apply all bt 40"])
         .stdin(Stdio::null())
-        .stdout(Stdio::from(
-            std::io::stderr()
-                .as_fd()
-                .try_clone_to_owned()
-                .expect("stderr"),
-        ))
+        .stdout(Stdio::inherit())
         .stderr(Stdio::null())
         .status();
     if dumped.is_err() {

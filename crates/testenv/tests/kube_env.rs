@@ -424,8 +424,8 @@ impl Probe {
         Self::start_with(mode, None)
     }
 
-    /// With `watchdog` as the probe's `KOK_TEST_BINARY_TIMEOUT` (none if
-    /// `None`, whatever this run has).
+    /// With `watchdog` as the probe's `KOK_TEST_BINARY_TIMEOUT`; `None`
+    /// removes it, so the limit this run may have does not reach the probe.
     fn start_with(mode: &str, watchdog: Option<&str>) -> Probe {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("pids");
