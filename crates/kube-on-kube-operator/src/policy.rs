@@ -244,14 +244,19 @@ pub fn host_path_allowed(path: &str, namespace: &str, prefixes: &[String]) -> Re
     if prefixes.iter().any(under) {
         return Ok(());
     }
-    let allowed: Vec<String> = prefixes
+    Err(format!(
+        "is not under {} (the operator's {HOST_PATHS_FLAG})",
+        allowed_dirs(prefixes, namespace)
+    ))
+}
+
+/// The directories a Cluster in `namespace` may use, for messages.
+fn allowed_dirs(prefixes: &[String], namespace: &str) -> String {
+    let dirs: Vec<String> = prefixes
         .iter()
         .map(|p| format!("{}/{namespace}", p.trim_end_matches('/')))
         .collect();
-    Err(format!(
-        "is not under {} (the operator's {HOST_PATHS_FLAG})",
-        allowed.join(" or ")
-    ))
+    dirs.join(" or ")
 }
 
 /// One thing a spec asks for that the policy does not allow.
@@ -346,15 +351,22 @@ pub fn check(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
         .and_then(|s| s.host_path.as_ref())
     {
         let namespace = cluster.metadata.namespace.as_deref().unwrap_or_default();
-        if let Err(e) = host_path_allowed(
-            &host_path.path,
-            namespace,
-            &config.policy.host_path_prefixes,
-        ) {
+        let prefixes = &config.policy.host_path_prefixes;
+        if let Err(e) = host_path_allowed(&host_path.path, namespace, prefixes) {
+            // Every refusal says where a hostPath may go, and which flag
+            // says so.
+            let hint = if e.contains(HOST_PATHS_FLAG) {
+                String::new()
+            } else {
+                format!(
+                    " (allowed: directories under {}, by the operator's {HOST_PATHS_FLAG})",
+                    allowed_dirs(prefixes, namespace)
+                )
+            };
             refusals.push(Refusal {
                 reason: HOST_PATH_NOT_ALLOWED,
                 field: "spec.etcd.storage.volumeSource.hostPath.path".into(),
-                message: format!("{:?} {e}", host_path.path),
+                message: format!("{:?} {e}{hint}", host_path.path),
             });
         }
     }
@@ -622,7 +634,7 @@ mod tests {
         assert_eq!(refused[0].reason, HOST_PATH_NOT_ALLOWED);
         assert_eq!(
             refused[0].to_string(),
-            "spec.etcd.storage.volumeSource.hostPath.path: \"/var/lib/kok-etcd/../../etc\" may not contain `.` or `..` segments"
+            "spec.etcd.storage.volumeSource.hostPath.path: \"/var/lib/kok-etcd/../../etc\" may not contain `.` or `..` segments (allowed: directories under /var/lib/kok-etcd/tenant, by the operator's --etcd-host-path-prefixes)"
         );
         c.spec.etcd.storage = serde_json::from_value(serde_json::json!(
             {"volumeSource": {"hostPath": {"path": "/var/lib/kok-etcd/tenant/c"}}}

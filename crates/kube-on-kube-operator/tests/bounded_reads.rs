@@ -11,12 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{OperatorProcess, condition_of, kwok_cluster};
+use common::{OperatorProcess, condition_of, kwok_cluster, wait_cluster};
 use futures::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kok_testenv::kube_env::KubeEnv;
-use kok_testenv::wait::wait_for;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube_on_kube_api::{Cluster, ClusterStatus};
@@ -58,13 +57,6 @@ fn control_plane_ready(c: &Cluster) -> bool {
         .is_some_and(ClusterStatus::control_plane_ready)
 }
 
-async fn wait_cluster(api: &Api<Cluster>, name: &str, what: &str, check: fn(&Cluster) -> bool) {
-    wait_for(what, CONVERGE, async || {
-        api.get(name).await.ok().filter(check).map(drop)
-    })
-    .await;
-}
-
 /// Bytes no two Secrets share, so nothing on the way can deduplicate them.
 fn junk(seed: usize) -> Vec<u8> {
     let mut x = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -101,6 +93,7 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
         &noisy_api,
         "noisy",
         "the noisy Cluster",
+        CONVERGE,
         control_plane_ready,
     )
     .await;
@@ -108,6 +101,7 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
         &quiet_api,
         "quiet",
         "the quiet Cluster",
+        CONVERGE,
         control_plane_ready,
     )
     .await;
@@ -162,9 +156,16 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
         .await
         .expect("create");
 
-    wait_cluster(&noisy_api, "noisy", "the noisy Cluster's refusal", |c| {
-        condition_of(c, "Allowed").is_some_and(|(s, r, _)| s == "False" && r == "TooManyObjects")
-    })
+    wait_cluster(
+        &noisy_api,
+        "noisy",
+        "the noisy Cluster's refusal",
+        CONVERGE,
+        |c| {
+            condition_of(c, "Allowed")
+                .is_some_and(|(s, r, _)| s == "False" && r == "TooManyObjects")
+        },
+    )
     .await;
     let (_, _, message) =
         condition_of(&noisy_api.get("noisy").await.expect("get"), "Allowed").expect("condition");
@@ -177,6 +178,7 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
         &quiet_api,
         "quiet-2",
         "the other tenant's new Cluster",
+        CONVERGE,
         control_plane_ready,
     )
     .await;

@@ -11,9 +11,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{OperatorProcess, condition_of, kwok_cluster};
+use common::{OperatorProcess, condition_of, event_notes, kwok_cluster, wait_cluster};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::wait::wait_for;
 use kube::ResourceExt;
@@ -40,19 +40,6 @@ fn on_host_path(mut c: Cluster, path: &str) -> Cluster {
     c
 }
 
-async fn wait_condition(
-    api: &Api<Cluster>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&Cluster) -> bool,
-) -> Cluster {
-    wait_for(what, CONVERGE, async || {
-        let c = api.get(name).await.ok()?;
-        check(&c).then_some(c)
-    })
-    .await
-}
-
 fn refused(c: &Cluster, reason: &str) -> bool {
     condition_of(c, "Allowed").is_some_and(|(s, r, _)| s == "False" && r == reason)
 }
@@ -77,23 +64,6 @@ async fn owned(client: &kube::Client, ns: &str, name: &str) -> (Vec<Pod>, Vec<De
         .expect("deployments")
         .items;
     (pods, deployments)
-}
-
-/// Warning Events on Cluster `name` with `reason`: their notes.
-async fn warnings(client: &kube::Client, ns: &str, name: &str, reason: &str) -> Vec<String> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object.name.as_deref() == Some(name)
-                && e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
-        })
-        .filter_map(|e| e.message)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,9 +112,13 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
         .expect("create");
 
     // The allowed one runs, with exactly what it asked for.
-    let c = wait_condition(&api, "good", "the allowed Cluster's control plane", |c| {
-        control_plane_ready(c)
-    })
+    let c = wait_cluster(
+        &api,
+        "good",
+        "the allowed Cluster's control plane",
+        CONVERGE,
+        |c| control_plane_ready(c),
+    )
     .await;
     assert_eq!(
         condition_of(&c, "Allowed").map(|(s, r, _)| (s, r)),
@@ -171,7 +145,7 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
     // The refused ones: the condition names the field and the flag, an
     // Event says the same, and nothing of them exists.
     for (name, path) in &refused_paths {
-        let c = wait_condition(&api, name, "the hostPath refusal", |c| {
+        let c = wait_cluster(&api, name, "the hostPath refusal", CONVERGE, |c| {
             refused(c, "HostPathNotAllowed")
         })
         .await;
@@ -191,7 +165,7 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
         ("evil-image", "spec.apiServer.image"),
         ("evil-addon", "spec.addons[node-operator].values.image"),
     ] {
-        let c = wait_condition(&api, name, "the image refusal", |c| {
+        let c = wait_cluster(&api, name, "the image refusal", CONVERGE, |c| {
             refused(c, "ImageNotAllowed")
         })
         .await;
@@ -202,8 +176,8 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
         );
     }
     wait_for("the refusals' Events", CONVERGE, async || {
-        let path = warnings(&client, &ns, "dot-dot", "HostPathNotAllowed").await;
-        let image = warnings(&client, &ns, "evil-image", "ImageNotAllowed").await;
+        let path = event_notes(&client, &ns, "dot-dot", "HostPathNotAllowed").await;
+        let image = event_notes(&client, &ns, "evil-image", "ImageNotAllowed").await;
         (path.iter().any(|m| m.contains("--etcd-host-path-prefixes"))
             && image.iter().any(|m| m.contains("evil.example.com")))
         .then_some(())
@@ -263,7 +237,14 @@ async fn a_running_cluster_whose_image_turns_disallowed_is_left_as_it_runs() {
     api.create(&PostParams::default(), &kwok_cluster(&ns, "live"))
         .await
         .expect("create");
-    wait_condition(&api, "live", "the control plane", control_plane_ready).await;
+    wait_cluster(
+        &api,
+        "live",
+        "the control plane",
+        CONVERGE,
+        control_plane_ready,
+    )
+    .await;
     let snapshot = async || {
         let (pods, deployments) = owned(&client, &ns, "live").await;
         let pods: BTreeMap<String, (Option<String>, Vec<Option<String>>)> = pods
@@ -303,7 +284,7 @@ async fn a_running_cluster_whose_image_turns_disallowed_is_left_as_it_runs() {
     )
     .await
     .expect("patch");
-    let c = wait_condition(&api, "live", "the image refusal", |c| {
+    let c = wait_cluster(&api, "live", "the image refusal", CONVERGE, |c| {
         refused(c, "ImageNotAllowed")
     })
     .await;
@@ -332,7 +313,7 @@ async fn a_running_cluster_whose_image_turns_disallowed_is_left_as_it_runs() {
     )
     .await
     .expect("patch");
-    wait_condition(&api, "live", "the Cluster allowed again", |c| {
+    wait_cluster(&api, "live", "the Cluster allowed again", CONVERGE, |c| {
         condition_of(c, "Allowed").is_some_and(|(s, _, _)| s == "True") && control_plane_ready(c)
     })
     .await;
