@@ -671,35 +671,25 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     let deployment_name = names.deployment(Component::NodeOperator);
     let mut node_operator = None;
     let mut image_refused = false;
-    if let Some(values) = &node_operator_values {
-        let image = values
-            .get("image")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default();
-        // The image the add-on's template and values name runs in the
-        // meta-cluster: it is checked as the spec's images are.
-        let refused = (!crate::policy::image_allowed(image, &ctx.config)).then(|| {
-            crate::policy::image_refusal(
-                format!("the {} add-on's values.image", render::NODE_OPERATOR),
-                image,
-            )
-        });
-        if let Some(refusal) = refused {
-            image_refused = true;
-            addon_event(
-                ctx,
-                inputs,
-                EventType::Warning,
-                refusal.reason,
-                "ApplyAddon",
-                render::NODE_OPERATOR,
-                refusal.to_string(),
-            )
-            .await;
-            failed.push(format!(
-                "{refusal}; Deployment {deployment_name} is left as it is"
-            ));
-        }
+    // Its image runs in the meta-cluster: checked as the spec's images are,
+    // whether the Cluster's values or a template's defaults name it.
+    if let Some(values) = &node_operator_values
+        && let Some(refusal) = crate::policy::node_operator_refusal(values, &ctx.config)
+    {
+        image_refused = true;
+        addon_event(
+            ctx,
+            inputs,
+            EventType::Warning,
+            refusal.reason,
+            "ApplyAddon",
+            render::NODE_OPERATOR,
+            refusal.to_string(),
+        )
+        .await;
+        failed.push(format!(
+            "{refusal}; Deployment {deployment_name} is left as it is"
+        ));
     }
     if let Some(values) = node_operator_values.as_ref().filter(|_| !image_refused) {
         let image = values

@@ -287,6 +287,25 @@ pub fn image_refusal(field: String, image: &str) -> Refusal {
     }
 }
 
+/// Why the node-operator's Deployment may not run with these values (its
+/// template's defaults with the Cluster's values over them): the image it
+/// would run in the meta-cluster is not allowed.
+pub fn node_operator_refusal(
+    values: &serde_json::Map<String, serde_json::Value>,
+    config: &Config,
+) -> Option<Refusal> {
+    let image = crate::render::addons::node_operator_image(values);
+    (!image_allowed(image, config)).then(|| {
+        image_refusal(
+            format!(
+                "the {} add-on's values.image",
+                crate::render::addons::NODE_OPERATOR
+            ),
+            image,
+        )
+    })
+}
+
 /// Everything in the Cluster's spec the policy does not allow; empty when
 /// it may be applied.
 pub fn check(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
@@ -417,6 +436,7 @@ pub fn set_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn config(images: &[&str], host_paths: &[&str]) -> Config {
         Config {
@@ -549,6 +569,36 @@ mod tests {
         let open = config(&["evil.io/"], &[]);
         assert_eq!(check(&c, &open).len(), 1);
         assert!(check(&c, &config(&[ANY_IMAGE], &[])).len() == 1);
+    }
+
+    #[test]
+    fn the_node_operator_image_a_template_names_is_checked_as_it_renders() {
+        let c = config(&[], &[]);
+        let values = |v: serde_json::Value| v.as_object().cloned().expect("map");
+        assert_eq!(
+            node_operator_refusal(
+                &values(json!({"image": "example.test/kok/node-operator:dev"})),
+                &c
+            ),
+            None
+        );
+        // A tenant's template registered under the built-in's name.
+        let refused = node_operator_refusal(&values(json!({"image": "evil.io/miner:1"})), &c)
+            .expect("refused");
+        assert_eq!(refused.reason, IMAGE_NOT_ALLOWED);
+        assert!(
+            refused.to_string().contains("\"evil.io/miner:1\""),
+            "{refused}"
+        );
+        // No image, or not a string: what renders (`node-operator`) is checked.
+        for v in [json!({}), json!({"image": 7})] {
+            let refused = node_operator_refusal(&values(v), &c).expect("refused");
+            assert!(refused.message.contains("\"node-operator\""), "{refused}");
+        }
+        assert_eq!(
+            node_operator_refusal(&values(json!({})), &config(&["node-operator"], &[])),
+            None
+        );
     }
 
     #[test]

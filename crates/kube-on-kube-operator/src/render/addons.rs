@@ -491,6 +491,11 @@ fn string_value<'a>(values: &'a Map<String, Value>, key: &str, default: &'a str)
     values.get(key).and_then(Value::as_str).unwrap_or(default)
 }
 
+/// The image the node-operator's Deployment runs with these values.
+pub fn node_operator_image(values: &Map<String, Value>) -> &str {
+    string_value(values, "image", "node-operator")
+}
+
 /// The node-operator's Deployment in the Cluster's namespace of the
 /// meta-cluster, pointed at the business API with its kubeconfig Secret.
 /// `config_hash` covers that Secret, so a renewed certificate restarts it.
@@ -502,7 +507,7 @@ pub fn node_operator(
 ) -> Deployment {
     let container = Container {
         name: "node-operator".into(),
-        image: Some(string_value(values, "image", "node-operator").into()),
+        image: Some(node_operator_image(values).into()),
         args: Some(vec![
             format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
             format!("--log-level={}", string_value(values, "logLevel", "info")),
