@@ -117,7 +117,7 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
         "good",
         "the allowed Cluster's control plane",
         CONVERGE,
-        |c| control_plane_ready(c),
+        control_plane_ready,
     )
     .await;
     assert_eq!(
