@@ -72,6 +72,33 @@ fn cases() -> Vec<Case> {
             "set exactly one of volumeSource.emptyDir or volumeSource.hostPath",
         ),
         c(
+            "claim bound to a named volume",
+            "Cluster",
+            Create(vec![
+                ("spec/etcd/storage/volumeSource", Value::Null),
+                (
+                    "spec/etcd/storage/claimTemplate",
+                    json!({"volumeName": "someone-elses-pv", "accessModes": ["ReadWriteOnce"],
+                           "resources": {"requests": {"storage": "1Gi"}}}),
+                ),
+            ]),
+            "etcd.storage.claimTemplate.volumeName cannot be set",
+        ),
+        c(
+            "claim bound by selector",
+            "Cluster",
+            Create(vec![
+                ("spec/etcd/storage/volumeSource", Value::Null),
+                (
+                    "spec/etcd/storage/claimTemplate",
+                    json!({"selector": {"matchLabels": {"tenant": "other"}},
+                           "accessModes": ["ReadWriteOnce"],
+                           "resources": {"requests": {"storage": "1Gi"}}}),
+                ),
+            ]),
+            "etcd.storage.claimTemplate.selector cannot be set",
+        ),
+        c(
             "nodePort without NodePort",
             "Cluster",
             Create(vec![(

@@ -194,11 +194,15 @@ pub struct EtcdSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("has(self.claimTemplate) != has(self.volumeSource)").message("set exactly one of etcd.storage.claimTemplate or etcd.storage.volumeSource"),
-    validation = Rule::new("self == oldSelf").message("etcd storage cannot be changed after the cluster is created")
+    validation = Rule::new("self == oldSelf").message("etcd storage cannot be changed after the cluster is created"),
+    validation = Rule::new("!has(self.claimTemplate) || !has(self.claimTemplate.volumeName)").message("etcd.storage.claimTemplate.volumeName cannot be set: the claims bind to volumes their storage class provides, never to a named PersistentVolume"),
+    validation = Rule::new("!has(self.claimTemplate) || !has(self.claimTemplate.selector)").message("etcd.storage.claimTemplate.selector cannot be set: the claims bind to volumes their storage class provides, never to existing PersistentVolumes picked by label")
 )]
 pub struct EtcdStorage {
     /// A PersistentVolumeClaim is created from this spec for every member; a
-    /// replaced member gets a fresh claim.
+    /// replaced member gets a fresh claim. `volumeName` and `selector` are
+    /// refused: they would let a claim bind a PersistentVolume that holds
+    /// someone else's data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_template: Option<PersistentVolumeClaimSpec>,
     /// A volume every member gets without a claim: `emptyDir` for throw-away
@@ -436,7 +440,8 @@ pub struct ClusterStatus {
     /// EtcdReady, APIServerReady, ControllerManagerReady, SchedulerReady,
     /// AddonsReady, CertificatesReady and Ready; Progressing is True while a
     /// version upgrade rolls through the components and False once it is
-    /// done or refused.
+    /// done or refused; Allowed is False while the operator's flags refuse
+    /// what the Cluster asks for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
@@ -476,6 +481,10 @@ pub const READY: &str = "Ready";
 /// True while a version upgrade rolls through the components; False with the
 /// reason when a version change was refused.
 pub const PROGRESSING: &str = "Progressing";
+/// False while the operator's flags do not allow what the Cluster asks for
+/// (an image, a hostPath) or its namespace holds more labelled objects than
+/// the operator reads; nothing of the Cluster is changed until then.
+pub const ALLOWED: &str = "Allowed";
 
 /// The conditions of the control plane itself: its certificates, etcd and
 /// the three Deployments, without the add-ons (which need a business API

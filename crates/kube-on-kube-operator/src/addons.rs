@@ -279,11 +279,15 @@ async fn delete_objects(client: &Client, objects: &[ObjectRef]) -> Result<(), St
 }
 
 /// The registered add-on templates the Cluster can use: its own namespace's
-/// first, then the operator's template namespace.
-async fn templates(
+/// first, then the operator's template namespace. Only templates of the
+/// add-ons it uses are listed, within the operator's limits; a template
+/// larger than `--max-addon-template-bytes` is dropped unparsed (and
+/// reported as unusable).
+pub async fn templates(
     ctx: &Context,
+    cluster: &Cluster,
     names: &Names,
-) -> Result<(Vec<render::Template>, Vec<render::Broken>), String> {
+) -> Result<(Vec<render::Template>, Vec<render::Broken>), TemplatesError> {
     let mut namespaces = vec![names.namespace.clone()];
     if let Some(ns) = &ctx.config.addon_template_namespace
         && *ns != names.namespace
@@ -292,12 +296,26 @@ async fn templates(
     }
     let mut found = Vec::new();
     let mut broken = Vec::new();
+    let Some(selector) = render::template_selector(cluster) else {
+        return Ok((found, broken));
+    };
+    let params = ListParams::default().labels(&selector);
+    let limits = &ctx.config.limits;
     for ns in namespaces {
-        let mut maps = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default().labels(render::TEMPLATE_LABEL))
+        let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
+        let sieve = |map: ConfigMap| match render::within(&map, limits.max_template_bytes) {
+            Ok(()) => Some(map),
+            Err(b) => {
+                broken.push(b);
+                None
+            }
+        };
+        let mut maps = crate::bounded::list_sieved(&api, &ns, &params, limits, sieve)
             .await
-            .map_err(|e| format!("listing add-on templates in {ns}: {e}"))?
-            .items;
+            .map_err(|e| match e {
+                crate::bounded::ListError::Exceeded(e) => TemplatesError::Exceeded(e),
+                e => TemplatesError::Unreadable(format!("listing add-on templates in {ns}: {e}")),
+            })?;
         maps.sort_by_key(|m| m.name_any());
         for map in &maps {
             match render::registered(map) {
@@ -307,6 +325,26 @@ async fn templates(
         }
     }
     Ok((found, broken))
+}
+
+/// Why the add-on templates could not be read.
+#[derive(Debug)]
+pub enum TemplatesError {
+    /// The namespace holds more template ConfigMaps than the limits allow.
+    Exceeded(crate::bounded::Exceeded),
+    /// The list failed.
+    Unreadable(String),
+}
+
+impl TemplatesError {
+    fn report(self) -> Report {
+        match self {
+            TemplatesError::Exceeded(e) => {
+                Report::failure(crate::bounded::TOO_MANY_OBJECTS, e.to_string())
+            }
+            TemplatesError::Unreadable(e) => Report::failure("TemplatesUnreadable", e),
+        }
+    }
 }
 
 async fn read_inventory(api: &Api<ConfigMap>, name: &str) -> Result<Inventory, String> {
@@ -444,9 +482,9 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
         },
         Err(e) => return Report::failure("BusinessAPIUnreachable", e),
     };
-    let (registered, broken) = match templates(ctx, names).await {
+    let (registered, broken) = match templates(ctx, cluster, names).await {
         Ok(t) => t,
-        Err(e) => return Report::failure("TemplatesUnreadable", e),
+        Err(e) => return e.report(),
     };
     let plans = render::plan(cluster, &settings, &registered, &broken);
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
@@ -632,7 +670,28 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let deployment_name = names.deployment(Component::NodeOperator);
     let mut node_operator = None;
-    if let Some(values) = &node_operator_values {
+    let mut image_refused = false;
+    // Its image runs in the meta-cluster: checked as the spec's images are,
+    // whether the Cluster's values or a template's defaults name it.
+    if let Some(values) = &node_operator_values
+        && let Some(refusal) = crate::policy::node_operator_refusal(values, &ctx.config)
+    {
+        image_refused = true;
+        addon_event(
+            ctx,
+            inputs,
+            EventType::Warning,
+            refusal.reason,
+            "ApplyAddon",
+            render::NODE_OPERATOR,
+            refusal.to_string(),
+        )
+        .await;
+        failed.push(format!(
+            "{refusal}; Deployment {deployment_name} is left as it is"
+        ));
+    }
+    if let Some(values) = node_operator_values.as_ref().filter(|_| !image_refused) {
         let image = values
             .get("image")
             .and_then(|v| v.as_str())
@@ -677,6 +736,8 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     }
     let trouble = if unknown {
         Some(Trouble::UnknownAddon)
+    } else if image_refused {
+        Some(Trouble::ImageNotAllowed)
     } else if invalid {
         Some(Trouble::InvalidTemplate)
     } else if !failed.is_empty() {
@@ -696,6 +757,8 @@ pub enum Trouble {
     InvalidTemplate,
     /// Rendered objects could not be applied or removed.
     ApplyFailed,
+    /// The node-operator's image is not one the operator's flags allow.
+    ImageNotAllowed,
 }
 
 impl Trouble {
@@ -704,6 +767,7 @@ impl Trouble {
             Trouble::UnknownAddon => "UnknownAddon",
             Trouble::InvalidTemplate => "InvalidTemplate",
             Trouble::ApplyFailed => "ApplyFailed",
+            Trouble::ImageNotAllowed => crate::policy::IMAGE_NOT_ALLOWED,
         }
     }
 }

@@ -68,6 +68,10 @@ pub const WATCHED_RECHECK: Duration = Duration::from_secs(300);
 /// of its old Pods is left.
 const SHUTDOWN_RECHECK: Duration = Duration::from_secs(2);
 
+/// A Cluster whose namespace holds more labelled objects than the operator
+/// reads is looked at again this soon (see [`limited`]).
+const LIMITED_RECHECK: Duration = Duration::from_secs(120);
+
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
 
@@ -89,6 +93,10 @@ pub struct Config {
     /// First wait before a failed add-on step is tried again; it doubles up
     /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
     pub addon_retry: Duration,
+    /// The images and hostPaths a Cluster may ask for beyond the defaults.
+    pub policy: crate::policy::Policy,
+    /// How much one list of a namespace may return.
+    pub limits: crate::bounded::Limits,
 }
 
 impl Default for Config {
@@ -100,6 +108,8 @@ impl Default for Config {
             node_operator_image: None,
             addon_template_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
+            policy: Default::default(),
+            limits: Default::default(),
         }
     }
 }
@@ -333,12 +343,14 @@ fn to_jiff(t: OffsetDateTime) -> Timestamp {
     Timestamp::from_second(t.unix_timestamp()).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
-pub(crate) async fn list<K>(api: &Api<K>, cluster: &str) -> Result<Vec<K>, Error>
+/// The Cluster's objects of one kind, read within the operator's limits
+/// (see [`crate::bounded`]).
+pub(crate) async fn list<K>(ctx: &Context, api: &Api<K>, names: &Names) -> Result<Vec<K>, Error>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
-    let params = ListParams::default().labels(&format!("{CLUSTER_LABEL}={cluster}"));
-    Ok(api.list(&params).await.map_err(Error::Kube)?.items)
+    let params = ListParams::default().labels(&format!("{CLUSTER_LABEL}={}", names.cluster));
+    Ok(crate::bounded::list(api, &names.namespace, &params, &ctx.config.limits).await?)
 }
 
 pub(crate) async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
@@ -497,8 +509,54 @@ pub(crate) async fn publish_related(
     }
 }
 
-/// Converge one Cluster.
+/// Converge one Cluster. A namespace holding more of its labelled objects
+/// than the operator reads is reported on the Cluster (see [`limited`]).
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    match converge(cluster.clone(), ctx.clone()).await {
+        Err(Error::Limit(exceeded)) => limited(&ctx, &cluster, &exceeded).await,
+        other => other,
+    }
+}
+
+/// A list of the Cluster's namespace went over the operator's limits: the
+/// `Allowed` condition and an Event say which and what to do, and the pass
+/// stops there. Nothing wakes the Cluster when the extra objects go (they
+/// are not its own), so it is looked at again after a while.
+async fn limited(
+    ctx: &Context,
+    cluster: &Cluster,
+    exceeded: &crate::bounded::Exceeded,
+) -> Result<Action, Error> {
+    let names = Names::new(cluster, &ctx.config.meta_domain);
+    tracing::warn!(cluster = %names.cluster, error = %exceeded, "a list went over the operator's limits");
+    publish(
+        ctx,
+        cluster,
+        EventType::Warning,
+        crate::bounded::TOO_MANY_OBJECTS,
+        "ListObjects",
+        exceeded.to_string(),
+    )
+    .await;
+    let mut status = cluster.status.clone().unwrap_or_default();
+    kok_common::conditions::set(
+        &mut status.conditions,
+        kok_common::conditions::Desired {
+            type_: kube_on_kube_api::cluster::ALLOWED,
+            status: "False",
+            reason: crate::bounded::TOO_MANY_OBJECTS,
+            message: exceeded.to_string(),
+        },
+        cluster.metadata.generation,
+        Timestamp::now(),
+    );
+    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
+    Ok(Action::requeue(LIMITED_RECHECK))
+}
+
+/// The pass of [`reconcile`].
+async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let names = Names::new(&cluster, &ctx.config.meta_domain);
     let ns = names.namespace.clone();
     let client = &ctx.client;
@@ -545,25 +603,43 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     }
 
     // Fetch.
-    let existing: BTreeMap<String, Secret> = list(&secrets_api, &names.cluster)
+    let existing: BTreeMap<String, Secret> = list(&ctx, &secrets_api, &names)
         .await?
         .into_iter()
         .map(|s| (s.name_any(), s))
         .collect();
-    let deployments: BTreeMap<String, Deployment> = list(&deployments_api, &names.cluster)
+    let deployments: BTreeMap<String, Deployment> = list(&ctx, &deployments_api, &names)
         .await?
         .into_iter()
         .map(|d| (d.name_any(), d))
         .collect();
-    let services: BTreeMap<String, Service> = list(&services_api, &names.cluster)
+    let services: BTreeMap<String, Service> = list(&ctx, &services_api, &names)
         .await?
         .into_iter()
         .map(|s| (s.name_any(), s))
         .collect();
 
-    if spec.paused {
+    // A spec asking for what the operator's flags do not allow is treated
+    // like a paused one: read, reported, never applied.
+    let refusals = crate::policy::check(&cluster, &ctx.config);
+    if !refusals.is_empty() && !spec.paused {
+        publish(
+            &ctx,
+            &cluster,
+            EventType::Warning,
+            refusals[0].reason,
+            "CheckSpec",
+            refusals
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+        .await;
+    }
+    if spec.paused || !refusals.is_empty() {
         // Only read, never applied, while paused.
-        let etcd_pods: Vec<Pod> = list(&pods_api, &names.cluster)
+        let etcd_pods: Vec<Pod> = list(&ctx, &pods_api, &names)
             .await?
             .into_iter()
             .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
@@ -588,7 +664,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             etcd: None,
             upgrade: None,
         };
-        let status = status::build(&cluster, &names, &observed, Timestamp::now());
+        let mut status = status::build(&cluster, &names, &observed, Timestamp::now());
+        crate::policy::set_condition(&mut status, &cluster, &refusals, Timestamp::now());
         kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
     }
@@ -678,7 +755,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     // a time (see the etcd module). The Cluster's Pods are read once, for
     // etcd's members and the control plane's replicas: what the etcd step
     // does to its members does not concern the replicas.
-    let pods = list(&pods_api, &names.cluster).await?;
+    let pods = list(&ctx, &pods_api, &names).await?;
     let etcd_report =
         crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets, &services, &pods).await?;
     let etcd_pods = etcd_report.pods.clone();
@@ -760,7 +837,8 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         upgrade: Some(&upgrade_plan),
     };
     crate::metrics::record(&names, &all_secrets, &etcd_report);
-    let status = status::build(&cluster, &names, &observed, Timestamp::now());
+    let mut status = status::build(&cluster, &names, &observed, Timestamp::now());
+    crate::policy::set_condition(&mut status, &cluster, &[], Timestamp::now());
     let ready = kok_common::conditions::is_true(&status.conditions, status::READY);
     let written =
         kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
@@ -1033,14 +1111,11 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
         ..Default::default()
     };
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    for d in list(&deployments, &names.cluster).await.unwrap_or_default() {
+    for d in list(ctx, &deployments, names).await.unwrap_or_default() {
         delete_quietly(&deployments, &d.name_any(), &background).await;
     }
     let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
-    for rs in list(&replica_sets, &names.cluster)
-        .await
-        .unwrap_or_default()
-    {
+    for rs in list(ctx, &replica_sets, names).await.unwrap_or_default() {
         delete_quietly(&replica_sets, &rs.name_any(), &background).await;
     }
     let quick = DeleteParams {
@@ -1049,7 +1124,7 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut stopped = 0;
-    for p in list(&pods, &names.cluster).await.unwrap_or_default() {
+    for p in list(ctx, &pods, names).await.unwrap_or_default() {
         if p.metadata
             .deletion_grace_period_seconds
             .is_some_and(|g| g <= TEARDOWN_GRACE_SECONDS)

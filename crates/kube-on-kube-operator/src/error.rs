@@ -9,6 +9,18 @@ pub enum Error {
     /// Shared plumbing (apply, status) failed.
     #[error(transparent)]
     Common(#[from] kok_common::Error),
+    /// A list of the Cluster's namespace holds more than the operator reads.
+    #[error(transparent)]
+    Limit(#[from] crate::bounded::Exceeded),
+}
+
+impl From<crate::bounded::ListError> for Error {
+    fn from(e: crate::bounded::ListError) -> Self {
+        match e {
+            crate::bounded::ListError::Kube(e) => Error::Kube(e),
+            crate::bounded::ListError::Exceeded(e) => Error::Limit(e),
+        }
+    }
 }
 
 impl Error {
@@ -17,6 +29,7 @@ impl Error {
         match self {
             Error::Kube(_) => "kube",
             Error::Common(e) => e.category(),
+            Error::Limit(_) => "limit",
         }
     }
 }

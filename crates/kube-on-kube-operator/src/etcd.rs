@@ -430,7 +430,7 @@ pub async fn reconcile(
     // Fetch.
     let pods: Vec<Pod> = pods.iter().filter(|p| is_member(p)).cloned().collect();
     let claims: Vec<PersistentVolumeClaim> = if uses_claims {
-        list(&claims_api, &names.cluster).await?
+        list(ctx, &claims_api, names).await?
     } else {
         Vec::new()
     };
@@ -539,7 +539,7 @@ pub async fn reconcile(
 
     // Report.
     let pods = if acted {
-        member_pods(&pods_api, names).await?
+        member_pods(ctx, &pods_api, names).await?
     } else {
         pods
     };
@@ -632,8 +632,8 @@ fn is_member(pod: &Pod) -> bool {
     pod.labels().contains_key(render::MEMBER_LABEL)
 }
 
-async fn member_pods(api: &Api<Pod>, names: &Names) -> Result<Vec<Pod>, Error> {
-    Ok(list(api, &names.cluster)
+async fn member_pods(ctx: &Context, api: &Api<Pod>, names: &Names) -> Result<Vec<Pod>, Error> {
+    Ok(list(ctx, api, names)
         .await?
         .into_iter()
         .filter(is_member)

@@ -5,6 +5,7 @@
 pub mod addon_wait;
 pub mod addons;
 pub mod applied;
+pub mod bounded;
 pub mod certs;
 pub mod controller;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod membership;
 pub mod metrics;
 pub mod names;
 pub mod pki;
+pub mod policy;
 pub mod render;
 pub mod rollout;
 pub mod secrets;

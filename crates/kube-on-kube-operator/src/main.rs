@@ -56,6 +56,10 @@ struct Args {
     /// whole reconcile of the Cluster.
     #[arg(long, env = "KOK_ADDON_RETRY", default_value = "1s", value_parser = parse_duration)]
     addon_retry: std::time::Duration,
+    #[command(flatten)]
+    policy: kube_on_kube_operator::policy::PolicyArgs,
+    #[command(flatten)]
+    limits: kube_on_kube_operator::bounded::LimitArgs,
 }
 
 #[tokio::main]
@@ -70,6 +74,8 @@ async fn main() -> anyhow::Result<()> {
         node_operator_image: args.node_operator_image,
         addon_template_namespace: args.addon_template_namespace,
         addon_retry: args.addon_retry,
+        policy: args.policy.policy(),
+        limits: args.limits.limits(),
     };
     // Operators scoped to different namespaces do not compete for one Lease.
     let lease = match &args.namespace {

@@ -840,3 +840,96 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         .await
         .expect("stop the operator");
 }
+
+/// A tenant registers a template under the node-operator's own name and
+/// version whose default image is its own: that image would run in the
+/// meta-cluster, so the add-on step refuses it with the flag to change, and
+/// the node-operator Deployment that runs stays as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_cannot_run_a_disallowed_node_operator_image() {
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("addons-image").await;
+    let templates_ns = env.namespace("addon-templates-image").await;
+    start_operator(&client, &ns, &templates_ns, &runner.nodes()[0]).await;
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .create(
+            &PostParams::default(),
+            &common::test_cluster(&ns, "ci", ClusterMode::Minimal),
+        )
+        .await
+        .expect("create cluster");
+    wait_addons(
+        &clusters,
+        "AddonsReady",
+        Duration::from_secs(420),
+        |(status, _, _)| status == "True",
+    )
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let running = async || {
+        let d = deployments
+            .get("ci-node-operator")
+            .await
+            .expect("node-operator");
+        let image = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.containers[0].image.clone());
+        (d.metadata.generation, image)
+    };
+    let before = running().await;
+    assert_eq!(before.1.as_deref(), Some(NODE_OPERATOR_IMAGE));
+
+    let evil: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "my-node-operator",
+            "labels": {"kubeonkube.io/addon-template": "node-operator"}
+        },
+        "data": {
+            "version": "0.1.0",
+            "values.yaml": "image: evil.example.com/miner:1\n",
+            "template.yaml": "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tenant-was-here\n"
+        }
+    }))
+    .expect("template");
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &evil)
+        .await
+        .expect("create the template");
+    clusters
+        .patch(
+            "ci",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"wake": "1"}}})),
+        )
+        .await
+        .expect("annotate");
+    let (_, _, message) = wait_addons(
+        &clusters,
+        "the node-operator image refused",
+        Duration::from_secs(120),
+        |(status, reason, _)| status == "False" && reason == "ImageNotAllowed",
+    )
+    .await;
+    assert!(
+        message.contains("evil.example.com/miner:1")
+            && message.contains("--allowed-image-prefixes"),
+        "{message}"
+    );
+    assert_eq!(
+        running().await,
+        before,
+        "the node-operator Deployment changed"
+    );
+    let notes = events(&client, &ns).await;
+    assert!(
+        notes
+            .iter()
+            .any(|(reason, note)| reason == "ImageNotAllowed" && note.contains("evil.example.com")),
+        "{notes:?}"
+    );
+}

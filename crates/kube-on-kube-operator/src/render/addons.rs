@@ -120,6 +120,54 @@ pub fn registered(cm: &ConfigMap) -> Result<Template, Broken> {
     })
 }
 
+/// Bytes of a ConfigMap's data: its keys and values, text and binary.
+pub fn data_bytes(cm: &ConfigMap) -> usize {
+    let text = cm.data.iter().flatten().map(|(k, v)| k.len() + v.len());
+    let binary = cm
+        .binary_data
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.0.len());
+    text.chain(binary).sum()
+}
+
+/// Whether a ConfigMap's data fits in `max` bytes; the reason it is
+/// unusable if not (it is then not parsed, see [`registered`]).
+pub fn within(cm: &ConfigMap, max: usize) -> Result<(), Broken> {
+    let bytes = data_bytes(cm);
+    if bytes <= max {
+        return Ok(());
+    }
+    let source = format!(
+        "ConfigMap {}/{}",
+        cm.namespace().unwrap_or_default(),
+        cm.name_any()
+    );
+    Err(Broken {
+        name: cm.labels().get(TEMPLATE_LABEL).cloned().unwrap_or_default(),
+        reason: format!(
+            "it holds {bytes} bytes of data, more than the operator's {} ({max}), so it is not read",
+            crate::bounded::MAX_TEMPLATE_BYTES_FLAG
+        ),
+        source,
+    })
+}
+
+/// The label selector of the template ConfigMaps a Cluster can use: those
+/// registering a built-in add-on or one its spec names, unless disabled.
+/// None when it uses no add-on at all.
+pub fn template_selector(cluster: &Cluster) -> Option<String> {
+    let entries = &cluster.spec.addons;
+    let mut names: Vec<&str> = BUILTIN.to_vec();
+    for addon in entries {
+        if !names.contains(&addon.name.as_str()) {
+            names.push(&addon.name);
+        }
+    }
+    names.retain(|n| !entries.iter().any(|e| e.name == *n && !e.enabled));
+    (!names.is_empty()).then(|| format!("{TEMPLATE_LABEL} in ({})", names.join(",")))
+}
+
 /// An add-on to apply: its template and the values it is rendered with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Planned {
@@ -443,6 +491,11 @@ fn string_value<'a>(values: &'a Map<String, Value>, key: &str, default: &'a str)
     values.get(key).and_then(Value::as_str).unwrap_or(default)
 }
 
+/// The image the node-operator's Deployment runs with these values.
+pub fn node_operator_image(values: &Map<String, Value>) -> &str {
+    string_value(values, "image", "node-operator")
+}
+
 /// The node-operator's Deployment in the Cluster's namespace of the
 /// meta-cluster, pointed at the business API with its kubeconfig Secret.
 /// `config_hash` covers that Secret, so a renewed certificate restarts it.
@@ -454,7 +507,7 @@ pub fn node_operator(
 ) -> Deployment {
     let container = Container {
         name: "node-operator".into(),
-        image: Some(string_value(values, "image", "node-operator").into()),
+        image: Some(node_operator_image(values).into()),
         args: Some(vec![
             format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
             format!("--log-level={}", string_value(values, "logLevel", "info")),
@@ -883,5 +936,64 @@ mod tests {
             serde_norway::to_string(&node_operator(&c, &n, &values, "hash")).expect("yaml"),
         ));
         crate::render::golden::check(&dir, outputs);
+    }
+
+    #[test]
+    fn a_template_over_the_size_limit_is_refused_by_name_unparsed() {
+        let cm = |data: serde_json::Value, binary: serde_json::Value| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": {"name": "big", "namespace": "t",
+                             "labels": {TEMPLATE_LABEL: "demo"}},
+                "data": data,
+                "binaryData": binary,
+            }))
+            .expect("configmap")
+        };
+        // Keys count, values count, binary data counts (decoded).
+        let text = cm(json!({"ab": "cde"}), json!({}));
+        assert_eq!(data_bytes(&text), 5);
+        let binary = cm(json!({}), json!({"k": "AAAA"}));
+        assert_eq!(data_bytes(&binary), 1 + 3);
+        assert_eq!(within(&text, 5), Ok(()));
+        let refused = within(&text, 4).expect_err("over");
+        assert_eq!(refused.name, "demo");
+        assert_eq!(refused.source, "ConfigMap t/big");
+        assert_eq!(
+            refused.reason,
+            "it holds 5 bytes of data, more than the operator's --max-addon-template-bytes (4), so it is not read"
+        );
+        // Named in the reason a Cluster asking for that add-on sees.
+        let reason = unknown("demo", "1.0.0", &[], &[refused]);
+        assert!(
+            reason.contains("ConfigMap t/big is unusable: it holds 5 bytes"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn only_the_templates_of_used_add_ons_are_selected() {
+        let mut c = production();
+        c.spec.addons = serde_json::from_value(json!([
+            {"name": "coredns", "version": "1.12.1"},
+            {"name": "metrics-server", "version": "0.7.2"},
+            {"name": "old", "version": "1.0.0", "enabled": false},
+        ]))
+        .expect("addons");
+        assert_eq!(
+            template_selector(&c).as_deref(),
+            Some(
+                "kubeonkube.io/addon-template in (bootstrap,node-operator,kube-proxy,coredns,metrics-server)"
+            )
+        );
+        c.spec.addons = BUILTIN
+            .iter()
+            .map(|n| Addon {
+                name: n.to_string(),
+                version: "1.0.0".into(),
+                values: None,
+                enabled: false,
+            })
+            .collect();
+        assert_eq!(template_selector(&c), None);
     }
 }

@@ -553,3 +553,76 @@ pub async fn node_operator_connected(
     )
     .await
 }
+
+/// The operator's binary run as a process of this test against the shared
+/// meta-cluster (with kwok nodes: its Pods become Ready without running),
+/// with `flags`; killed when dropped.
+pub struct OperatorProcess {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl OperatorProcess {
+    /// Start it with `--kubeconfig`, no leader election, a free HTTP port,
+    /// and `flags` (say `--namespace=…` and the flags under test).
+    pub fn start(name: &str, flags: &[String]) -> OperatorProcess {
+        let env = KubeEnv::shared();
+        let log = env.log_dir().join(format!("operator-{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-on-kube-operator"))
+            .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
+            .arg("--leader-elect=false")
+            .arg("--http-address=127.0.0.1:0")
+            .arg("--log-level=info,kube_on_kube_operator=debug")
+            .args(flags)
+            .env("POD_NAME", name)
+            .stdin(std::process::Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("start the operator");
+        OperatorProcess { child, log }
+    }
+
+    /// The process id, to read its memory from `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Panics with the log's place when the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("the operator exited ({status}); log {}", self.log.display());
+        }
+    }
+}
+
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("operator log: {}", self.log.display());
+        }
+    }
+}
+
+/// A Minimal Cluster `name` in `ns` for kwok nodes: no placement, etcd on
+/// `emptyDir`.
+pub fn kwok_cluster(ns: &str, name: &str) -> Cluster {
+    let mut c: Cluster =
+        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    c.metadata.namespace = Some(ns.into());
+    c.metadata.name = Some(name.into());
+    c.spec.placement = None;
+    c.spec.etcd.storage =
+        serde_json::from_value(json!({"volumeSource": {"emptyDir": {}}})).expect("storage");
+    c
+}
+
+/// The condition `type_` of the Cluster: (status, reason, message).
+pub fn condition_of(c: &Cluster, type_: &str) -> Option<(String, String, String)> {
+    let c = c.status.as_ref()?.condition(type_)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}

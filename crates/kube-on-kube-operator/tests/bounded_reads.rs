@@ -1,0 +1,334 @@
+//! Bounded reads against the real API server: a tenant namespace full of
+//! large Secrets labelled with its Cluster costs the operator's process a
+//! bounded amount of memory (its peak RSS, read from /proc), the tenant's
+//! Cluster is told `Allowed=False` with the flag, and Clusters in another
+//! namespace still converge; add-on template ConfigMaps are read only for the
+//! add-ons a Cluster uses, within the count and byte limits, and one larger
+//! than the template limit is reported unread.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{OperatorProcess, condition_of, kwok_cluster, wait_cluster};
+use futures::StreamExt as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kok_testenv::kube_env::KubeEnv;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube_on_kube_api::{Cluster, ClusterStatus};
+use kube_on_kube_operator::addons::{TemplatesError, templates};
+use kube_on_kube_operator::bounded::Limits;
+use kube_on_kube_operator::controller::{Config, Context};
+use kube_on_kube_operator::names::Names;
+use serde_json::json;
+
+const CONVERGE: Duration = Duration::from_secs(240);
+/// What the tenant plants: this many Secrets of this many bytes each (75 MiB,
+/// about 100 MiB as JSON).
+const JUNK: usize = 300;
+const JUNK_BYTES: usize = 256 << 10;
+/// The most the operator's peak memory may grow while it reads them (it
+/// holds `--max-listed-bytes`, 4 MiB here, plus one page of 32 of them;
+/// reading them all would take more than twice their size).
+const BOUND: u64 = 64 << 20;
+
+/// `VmRSS` or `VmHWM` (peak) of process `pid`, in bytes.
+fn memory(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim_start_matches(':')
+                .trim()
+                .strip_suffix("kB")
+        })
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+fn control_plane_ready(c: &Cluster) -> bool {
+    c.status
+        .as_ref()
+        .is_some_and(ClusterStatus::control_plane_ready)
+}
+
+/// Bytes no two Secrets share, so nothing on the way can deduplicate them.
+fn junk(seed: usize) -> Vec<u8> {
+    let mut x = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..JUNK_BYTES)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded_amount() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let noisy = env.namespace("noisy").await;
+    let quiet = env.namespace("quiet").await;
+    // One operator for every namespace, as the chart runs it (this test
+    // binary's environment holds only this test's Clusters).
+    let mut operator = OperatorProcess::start("bounded-reads", &["--max-listed-bytes=4Mi".into()]);
+    let noisy_api: Api<Cluster> = Api::namespaced(client.clone(), &noisy);
+    let quiet_api: Api<Cluster> = Api::namespaced(client.clone(), &quiet);
+    noisy_api
+        .create(&PostParams::default(), &kwok_cluster(&noisy, "noisy"))
+        .await
+        .expect("create");
+    quiet_api
+        .create(&PostParams::default(), &kwok_cluster(&quiet, "quiet"))
+        .await
+        .expect("create");
+    wait_cluster(
+        &noisy_api,
+        "noisy",
+        "the noisy Cluster",
+        CONVERGE,
+        control_plane_ready,
+    )
+    .await;
+    wait_cluster(
+        &quiet_api,
+        "quiet",
+        "the quiet Cluster",
+        CONVERGE,
+        control_plane_ready,
+    )
+    .await;
+
+    // From here on, the process's peak memory.
+    let pid = operator.pid();
+    let baseline = memory(pid, "VmRSS");
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak RSS");
+
+    // The tenant fills its namespace with large Secrets carrying its
+    // Cluster's label, then touches the Cluster so it is looked at.
+    let started = Instant::now();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &noisy);
+    futures::stream::iter(0..JUNK)
+        .map(|i| {
+            let secrets = secrets.clone();
+            async move {
+                let secret = Secret {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(format!("junk-{i:04}")),
+                        labels: Some([("kubeonkube.io/cluster".into(), "noisy".into())].into()),
+                        ..Default::default()
+                    },
+                    data: Some([("junk".to_string(), ByteString(junk(i)))].into()),
+                    ..Default::default()
+                };
+                secrets
+                    .create(&PostParams::default(), &secret)
+                    .await
+                    .expect("create junk");
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<()>>()
+        .await;
+    println!(
+        "{JUNK} Secrets of {} KiB created in {:?}",
+        JUNK_BYTES >> 10,
+        started.elapsed()
+    );
+    noisy_api
+        .patch(
+            "noisy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"wake": "1"}}})),
+        )
+        .await
+        .expect("annotate");
+    // Meanwhile another tenant creates a Cluster.
+    quiet_api
+        .create(&PostParams::default(), &kwok_cluster(&quiet, "quiet-2"))
+        .await
+        .expect("create");
+
+    wait_cluster(
+        &noisy_api,
+        "noisy",
+        "the noisy Cluster's refusal",
+        CONVERGE,
+        |c| {
+            condition_of(c, "Allowed")
+                .is_some_and(|(s, r, _)| s == "False" && r == "TooManyObjects")
+        },
+    )
+    .await;
+    let (_, _, message) =
+        condition_of(&noisy_api.get("noisy").await.expect("get"), "Allowed").expect("condition");
+    assert!(
+        message.contains("Secrets labelled kubeonkube.io/cluster=noisy")
+            && message.contains("--max-listed-bytes"),
+        "{message}"
+    );
+    wait_cluster(
+        &quiet_api,
+        "quiet-2",
+        "the other tenant's new Cluster",
+        CONVERGE,
+        control_plane_ready,
+    )
+    .await;
+    let quiet_c = quiet_api.get("quiet").await.expect("get");
+    assert_eq!(
+        condition_of(&quiet_c, "Allowed").map(|(s, _, _)| s),
+        Some("True".into())
+    );
+    // A few more passes of the noisy Cluster (each reads until it is over).
+    for i in 2..5 {
+        noisy_api
+            .patch(
+                "noisy",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"wake": i.to_string()}}})),
+            )
+            .await
+            .expect("annotate");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    operator.assert_running();
+    let peak = memory(pid, "VmHWM");
+    let grown = peak.saturating_sub(baseline);
+    println!(
+        "operator RSS {} MiB before, peak {} MiB after: grew {} MiB with {} MiB of labelled Secrets",
+        baseline >> 20,
+        peak >> 20,
+        grown >> 20,
+        (JUNK * JUNK_BYTES) >> 20
+    );
+    assert!(
+        grown < BOUND,
+        "the operator's peak memory grew by {} MiB (bound {} MiB)",
+        grown >> 20,
+        BOUND >> 20
+    );
+}
+
+/// A template ConfigMap `name` registering `addon` at `version` with `bytes`
+/// of padding.
+fn template(name: &str, addon: &str, version: &str, bytes: usize) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubeonkube.io/addon-template": addon}},
+        "data": {
+            "version": version,
+            "template.yaml": "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: demo\n  namespace: default\n",
+            "padding": "x".repeat(bytes),
+        }
+    }))
+    .expect("template")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_on_templates_are_read_only_for_used_add_ons_and_within_the_limits() {
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("templates").await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let create = async |cm: ConfigMap| {
+        maps.create(&PostParams::default(), &cm)
+            .await
+            .expect("create template");
+    };
+    create(template("demo-1", "demo", "1.0.0", 100)).await;
+    for i in 0..6 {
+        create(template(
+            &format!("demo-big-{i}"),
+            "demo",
+            "2.0.0",
+            200 << 10,
+        ))
+        .await;
+    }
+    // Templates of an add-on no Cluster here uses: far over every limit.
+    for i in 0..40 {
+        create(template(
+            &format!("unused-{i}"),
+            "unused",
+            "1.0.0",
+            200 << 10,
+        ))
+        .await;
+    }
+    let limits = Limits {
+        max_objects: 20,
+        max_bytes: 1 << 20,
+        max_template_bytes: 64 << 10,
+        page: 4,
+    };
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        Config {
+            limits,
+            ..Config::default()
+        },
+    ));
+    let mut cluster = kwok_cluster(&ns, "c");
+    cluster.spec.addons =
+        serde_json::from_value(json!([{"name": "demo", "version": "1.0.0"}])).expect("addons");
+    let names = Names::new(&cluster, "cluster.local");
+
+    // The unused ones are not read (they alone would exceed both limits),
+    // the large ones are dropped unread and do not count as bytes.
+    let (found, broken) = templates(&ctx, &cluster, &names)
+        .await
+        .unwrap_or_else(|e| panic!("within the limits: {e:?}"));
+    let found: Vec<(&str, &str)> = found
+        .iter()
+        .map(|t| (t.name.as_str(), t.version.as_str()))
+        .collect();
+    assert_eq!(found, [("demo", "1.0.0")]);
+    let mut unread: Vec<&str> = broken.iter().map(|b| b.source.as_str()).collect();
+    unread.sort();
+    let expected: Vec<String> = (0..6)
+        .map(|i| format!("ConfigMap {ns}/demo-big-{i}"))
+        .collect();
+    assert_eq!(unread, expected);
+    for b in &broken {
+        assert!(
+            b.reason.contains("--max-addon-template-bytes") && b.reason.contains("65536"),
+            "{}",
+            b.reason
+        );
+    }
+
+    // More templates of a used add-on than a list may return: refused whole.
+    for i in 0..15 {
+        create(template(
+            &format!("demo-more-{i}"),
+            "demo",
+            &format!("1.1.{i}"),
+            100,
+        ))
+        .await;
+    }
+    match templates(&ctx, &cluster, &names).await {
+        Err(TemplatesError::Exceeded(e)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("namespace {ns}")) && text.contains("--max-listed-objects"),
+                "{text}"
+            );
+        }
+        other => panic!("expected the list to be refused, got {other:?}"),
+    }
+}
