@@ -5,7 +5,7 @@
 # naming them. BASE_URL is where the artifacts/ directory is served (flat).
 #
 #   scripts/node-packageversions.sh http://10.0.0.1:8080 | kubectl apply -f -
-#   scripts/node-packageversions.sh BASE_URL --mirror 10.0.0.1:5000 --cgroup-v1
+#   scripts/node-packageversions.sh BASE_URL --mirror 10.0.0.1:5000 --cgroup-v1 --restrict-oom-score-adj
 #
 # --mirror HOST:PORT  adds containerd hosts.toml files that make the registry at
 #                     HOST:PORT (plain HTTP, storage of scripts/node-images.sh) the
@@ -15,18 +15,23 @@
 # --cgroup-v1         sets failCgroupV1: false in the kubelet configuration: kubelet
 #                     1.35 refuses to start on a cgroup v1 host otherwise (v1 is
 #                     deprecated upstream). A cgroup v2 host needs nothing.
+# --restrict-oom-score-adj  sets containerd's restrict_oom_score_adj: on hosts whose
+#                     root lacks CAP_SYS_RESOURCE (hosts that are themselves
+#                     containers, like the SSH test hosts) no process may lower its
+#                     oom_score_adj, and runc fails the pause container's -998.
 set -euo pipefail
 
-usage() { echo "usage: $0 BASE_URL [--mirror HOST:PORT] [--cgroup-v1]" >&2; exit 2; }
+usage() { echo "usage: $0 BASE_URL [--mirror HOST:PORT] [--cgroup-v1] [--restrict-oom-score-adj]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 base=${1%/}
 shift
 case "$base" in http://*|https://*) ;; *) echo "BASE_URL must start with http:// or https://" >&2; exit 2 ;; esac
-mirror="" cgroupv1=no
+mirror="" cgroupv1=no restrict_oom=no
 while [ $# -gt 0 ]; do
   case "$1" in
     --mirror) [ $# -ge 2 ] || usage; mirror=$2; shift 2 ;;
     --cgroup-v1) cgroupv1=yes; shift ;;
+    --restrict-oom-score-adj) restrict_oom=yes; shift ;;
     *) usage ;;
   esac
 done
@@ -110,6 +115,9 @@ spec:
     - path: /etc/containerd/config.toml
       template: |
         version = 3
+YAML
+[ $restrict_oom = yes ] && printf "        [plugins.'io.containerd.cri.v1.runtime']\n          restrict_oom_score_adj = true\n"
+cat <<YAML
         [plugins.'io.containerd.cri.v1.runtime'.cni]
           bin_dirs = ['/opt/cni/bin']
           conf_dir = '/etc/cni/net.d'
