@@ -225,7 +225,7 @@ build_agnhost() {
     --customize-hook='echo "group-defined-in-image:x:50000:user-defined-in-image" >>"$1/etc/group"' \
     --customize-hook='ln -sf /usr/bin/iperf "$1/usr/local/bin/iperf"'
   push "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION" \
-    --entrypoint /agnhost --cmd pause \
+    --entrypoint /agnhost --cmd pause --exposed-ports 80/tcp,8080/tcp,8081/tcp,9376/tcp,5000/tcp \
     -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$AGNHOST_VERSION.tar"
 }
 
