@@ -89,10 +89,12 @@ timed() { # name command...
   sed -i "/^$name /d" "$dir/build-seconds" 2>/dev/null || true
   echo "$name $t" >>"$dir/build-seconds"
 }
-# Reproducible layer tarball of a directory's content.
+# Reproducible layer tarball of a directory's content (the file capabilities
+# need PAX headers, which would carry atime and ctime).
 layer() { # tar-path dir
-  tar -C "$2" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --xattrs \
-    --xattrs-include=security.capability -cf "$1.tmp" .
+  tar -C "$2" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=posix \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    --xattrs --xattrs-include=security.capability -cf "$1.tmp" .
   mv "$1.tmp" "$1"
 }
 
