@@ -12,6 +12,8 @@
 # netexec in it, fetches a page from the pod's IP, execs a shell in it and prints
 # its logs; through containerd's own API (ctr) it runs `agnhost --help`, the
 # CoreDNS binary and kube-proxy with its iptables/nftables/conntrack tools once.
+# Last the kubelet (standalone, no API server) runs a static agnhost Pod on the
+# same containerd, in a cgroup root of its own.
 # Everything it starts is stopped and removed at the end.
 #
 #   scripts/node-smoke.sh            # as root
@@ -39,11 +41,12 @@ s=$(mktemp -d /tmp/kok-node-smoke.XXXXXX)
 # Paths containerd, its shim and libcni use whatever the configuration says;
 # removed at the end unless they were there before.
 created=()
-for p in /run/containerd /var/lib/cni; do [ -e "$p" ] || created+=("$p"); done
+for p in /run/containerd /var/lib/cni /var/log/pods /var/log/containers; do [ -e "$p" ] || created+=("$p"); done
 cgparent=kok-node-smoke-$$
-regpid="" cpid=""
+regpid="" cpid="" kpid=""
 cleanup() {
   set +e
+  [ -n "$kpid" ] && { kill "$kpid" 2>/dev/null; wait "$kpid" 2>/dev/null; }
   if [ -n "$cpid" ]; then
     "$bin/crictl" --runtime-endpoint "unix://$s/containerd.sock" rmp -fa >/dev/null 2>&1
     kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
@@ -155,4 +158,61 @@ done
 say ctr run --rm --runc-binary "$bin/runc" --cgroup "/$cgparent/coredns" registry.k8s.io/coredns/coredns:v1.12.1 smoke-coredns /coredns -version
 say ctr run --rm --runc-binary "$bin/runc" --cgroup "/$cgparent/kube-proxy" registry.k8s.io/kube-proxy:v1.35.4 smoke-kube-proxy \
   sh -c '/usr/local/bin/kube-proxy --version; iptables --version; iptables-legacy --version; nft --version; conntrack --version; ipset --version 2>&1 | head -n1'
+
+# --- the kubelet, standalone, running a static Pod on this containerd ----------
+# On a cgroup v1 host kubelet 1.35 needs failCgroupV1: false; its cgroupRoot
+# must exist in every hierarchy (one per kubelet when several share a machine).
+for c in /sys/fs/cgroup/*/; do [ -e "$c/cgroup.procs" ] && mkdir -p "$c$cgparent/kubelet"; done
+v1=false
+[ -e /sys/fs/cgroup/cgroup.controllers ] || v1=true
+mkdir -p "$s/manifests"
+cat >"$s/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: $( [ $v1 = true ] && echo false || echo true )
+cgroupDriver: cgroupfs
+cgroupRoot: /$cgparent/kubelet
+containerRuntimeEndpoint: unix://$s/containerd.sock
+staticPodPath: $s/manifests
+podLogsDir: $s/pod-logs
+address: 127.0.0.1
+healthzBindAddress: 127.0.0.1
+authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+failSwapOn: false
+YAML
+cat >"$s/manifests/web.yaml" <<'YAML'
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default}
+spec:
+  containers:
+  - name: netexec
+    image: registry.k8s.io/e2e-test-images/agnhost:2.59
+    args: [netexec, --http-port=8080]
+YAML
+say "$bin/kubelet" --version
+"$bin/kubelet" --config "$s/kubelet.yaml" --root-dir "$s/kubelet" --hostname-override smoke-node >"$s/kubelet.log" 2>&1 &
+kpid=$!
+webip=""
+for _ in $(seq 120); do
+  webpod=$(crictl pods -q --name '^web-smoke-node$' 2>/dev/null | head -n1)
+  [ -n "$webpod" ] && webip=$(crictl inspectp "$webpod" | sed -n 's/.*"ip": "\([0-9.]*\)".*/\1/p' | head -n1)
+  [ -n "$webip" ] && curl -fsS "http://$webip:8080/hostname" >/dev/null 2>&1 && break
+  kill -0 "$kpid" 2>/dev/null || { tail -n 20 "$s/kubelet.log" >&2; exit 1; }
+  sleep 1
+done
+say curl -fsS http://127.0.0.1:10248/healthz; echo
+say curl -fsS "http://$webip:8080/hostname"; echo
+# the kubelet's own view catches up with its status sync
+for _ in $(seq 60); do
+  curl -fsSk https://127.0.0.1:10250/pods | grep -q '"phase":"Running"' && break
+  sleep 0.5
+done
+curl -fsSk https://127.0.0.1:10250/pods | python3 -c 'import json, sys
+for p in json.load(sys.stdin)["items"]:
+    print("kubelet /pods:", p["metadata"]["name"], p["status"].get("phase"), [c.get("ready") for c in p["status"].get("containerStatuses", [])])'
+curl -fsSk https://127.0.0.1:10250/configz | python3 -c 'import json, sys
+c = json.load(sys.stdin)["kubeletconfig"]
+print("kubelet /configz:", {k: c.get(k) for k in ("failCgroupV1", "cgroupRoot", "cgroupDriver")})'
 log "ok"
