@@ -147,7 +147,9 @@ build_cni() {
   done
   cp "$src/LICENSE" "$src/README.md" "$stage/" && chmod 0644 "$stage/LICENSE" "$stage/README.md"
   mkdir -p "$bin/cni" && cp "$stage"/* "$bin/cni/"
-  (cd "$stage" && pack "$cni_tgz" "$stage" $(ls | sed 's|^|./|'))
+  local entries=()
+  mapfile -t entries < <(cd "$stage" && ls | sed 's|^|./|')
+  pack "$cni_tgz" "$stage" "${entries[@]}"
 }
 
 # --- crictl -----------------------------------------------------------------
