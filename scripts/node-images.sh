@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# Builds the container images worker nodes pull, from upstream sources and
+# without a container engine, and stores them under their upstream names in an
+# OCI registry's storage directory (github.com/distribution/distribution/v3):
+#
+#   registry.k8s.io/pause:3.10.1, :3.10      build/pause/linux/pause.c of k8s.io/kubernetes, gcc -static
+#   registry.k8s.io/e2e-test-images/agnhost:2.59
+#                                            k8s.io/kubernetes/test/images/agnhost on a Debian rootfs
+#                                            with the tools upstream's image has (sh, curl, dig, nc, ip, iperf)
+#   registry.k8s.io/coredns/coredns:v1.12.1  github.com/coredns/coredns
+#   registry.k8s.io/kube-proxy:v1.35.4       k8s.io/kubernetes/cmd/kube-proxy on a Debian rootfs
+#                                            with iptables, nftables, conntrack, ipset, kmod
+#
+# The script starts the registry on loopback, builds every layer as a
+# reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
+# both). Each image `<host>/<repo>:<tag>` is stored as the repository
+# `<host>/<repo>`, so a registry serving this storage is containerd's mirror for
+# <host> with a hosts.toml like
+#
+#   server = "https://registry.k8s.io"
+#   [host."http://<registry>/v2/registry.k8s.io"]
+#     capabilities = ["pull", "resolve"]
+#     override_path = true
+#
+# and Pods keep their upstream image names.
+#
+# Idempotent: when every image is stored, it prints the directory and exits.
+# The last line of the output is the directory; its registry/ subdirectory is
+# the registry's storage (filesystem driver rootdirectory), images.txt lists
+# each image with its digest.
+#
+# Needs go, gcc, mmdebstrap (Debian package; run as root) and network access to
+# the Go module proxy and a Debian mirror (DEBIAN_MIRROR).
+#
+#   scripts/node-images.sh
+#   KOK_TESTENV_DIR=/some/dir scripts/node-images.sh
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.35.4}
+PAUSE_VERSIONS=${PAUSE_VERSIONS:-3.10.1 3.10}
+# The version test/utils/image/manifest.go of $K8S_VERSION asks for.
+AGNHOST_VERSION=${AGNHOST_VERSION:-2.59}
+# The version the coredns add-on template uses.
+COREDNS_VERSION=${COREDNS_VERSION:-v1.12.1}
+DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
+dir="$root/images-k8s-$K8S_VERSION-agnhost-$AGNHOST_VERSION-coredns-$COREDNS_VERSION-$DEBIAN_SUITE"
+store="$dir/registry"
+done_dir="$dir/done"
+wanted=()
+for v in $PAUSE_VERSIONS; do wanted+=("registry.k8s.io/pause:$v"); done
+wanted+=("registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION"
+  "registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
+  "registry.k8s.io/kube-proxy:$K8S_VERSION")
+
+marker() { echo "$done_dir/$(echo "$1" | tr '/:' '__')"; }
+have_all() {
+  local i
+  for i in "${wanted[@]}"; do [ -s "$(marker "$i")" ] || return 1; done
+}
+
+if have_all; then
+  echo "$dir"
+  exit 0
+fi
+
+log() { echo "[node-images] $*" >&2; }
+die() { echo "[node-images] error: $*" >&2; exit 1; }
+for c in go gcc mmdebstrap python3; do
+  command -v $c >/dev/null || die "$c is required (mmdebstrap: apt-get install mmdebstrap)"
+done
+[ "$(id -u)" = 0 ] || die "mmdebstrap builds the Debian root filesystems as root"
+tools=$("$here/registry-bins.sh" | tail -n1)
+crane="$tools/crane"
+mkdir -p "$dir/src" "$dir/bin" "$dir/layers" "$store" "$done_dir"
+start=$(date +%s)
+export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
+gobuild() { nice -n 19 go "$@"; }
+timed() { # name command...
+  local name=$1 t0 t
+  shift
+  t0=$(date +%s)
+  "$@"
+  t=$(( $(date +%s) - t0 ))
+  log "$name done in ${t}s"
+  sed -i "/^$name /d" "$dir/build-seconds" 2>/dev/null || true
+  echo "$name $t" >>"$dir/build-seconds"
+}
+# Reproducible layer tarball of a directory's content (the file capabilities
+# need PAX headers, which would carry atime and ctime).
+layer() { # tar-path dir
+  tar -C "$2" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=posix \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    --xattrs --xattrs-include=security.capability -cf "$1.tmp" .
+  mv "$1.tmp" "$1"
+}
+
+# --- the registry on loopback -------------------------------------------------
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+reg="127.0.0.1:$port"
+cat >"$dir/registry.yml" <<YAML
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $store
+  delete:
+    enabled: true
+http:
+  addr: $reg
+YAML
+"$tools/registry" serve "$dir/registry.yml" >"$dir/registry.log" 2>&1 &
+regpid=$!
+trap 'kill $regpid 2>/dev/null; wait $regpid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -fsS "http://$reg/v2/" >/dev/null 2>&1 && break
+  kill -0 $regpid 2>/dev/null || die "the registry exited: $(tail -5 "$dir/registry.log")"
+  sleep 0.1
+done
+curl -fsS "http://$reg/v2/" >/dev/null || die "the registry does not answer on $reg"
+log "registry on $reg, storage $store"
+
+# push image-ref config-flags... -- layers...: layers on an empty base, then the
+# config, for linux/amd64; records the digest.
+push() {
+  local image=$1 flags=() layers=()
+  shift
+  while [ "$1" != -- ]; do flags+=("$1"); shift; done
+  shift
+  for l in "$@"; do layers+=(-f "$l"); done
+  local ref="$reg/$image"
+  "$crane" append --insecure --oci-empty-base "${layers[@]}" -t "$ref" >/dev/null
+  "$crane" mutate --insecure "$ref" --set-platform linux/amd64 "${flags[@]}" -t "$ref" >/dev/null
+  local digest
+  digest=$("$crane" digest --insecure "$ref")
+  log "pushed $image@$digest"
+  echo "$digest" >"$(marker "$image")"
+}
+
+# A Debian root filesystem as one layer tarball.
+rootfs() { # tar-path packages [mmdebstrap options...]
+  local tarball=$1 pkgs=$2
+  shift 2
+  [ -s "$tarball" ] && return 0
+  log "mmdebstrap $DEBIAN_SUITE with $pkgs"
+  SOURCE_DATE_EPOCH=0 nice -n 19 mmdebstrap --quiet --mode=root --variant=essential --format=tar \
+    --include="$pkgs" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' --skip=output/dev \
+    "$@" "$DEBIAN_SUITE" "$tarball.tmp" "$DEBIAN_MIRROR" >&2
+  mv "$tarball.tmp" "$tarball"
+}
+
+# --- Kubernetes binaries (agnhost, kube-proxy) ---------------------------------
+# The wrapper-module trick of scripts/testenv-bins.sh: require k8s.io/kubernetes
+# and replace each staging module with its published v0.x release.
+k8s_src="$dir/src/kubernetes-$K8S_VERSION"
+k8s_wrapper() {
+  [ -s "$k8s_src/go.sum" ] && return 0
+  local staging="v0.${K8S_VERSION#v1.}" gomod
+  mkdir -p "$k8s_src"
+  gomod=$(cd "$k8s_src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo "module kube-on-kube.test/k8s-images"
+    echo
+    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/' "$gomod" \
+      | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
+  } >"$k8s_src/go.mod"
+  cat >"$k8s_src/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+)
+GO
+  (cd "$k8s_src" && go mod tidy >&2)
+}
+k8s_dir() { (cd "$k8s_src" && go list -m -f '{{.Dir}}' k8s.io/kubernetes); }
+
+# --- pause --------------------------------------------------------------------
+build_pause() { # version
+  local v=$1 stage="$dir/src/pause-$1" src
+  k8s_wrapper
+  src=$(k8s_dir)/build/pause/linux/pause.c
+  [ -f "$src" ] || die "no $src"
+  rm -rf "$stage" && mkdir -p "$stage/root"
+  log "building pause $v"
+  gcc -Os -Wall -Werror -static -DVERSION="v$v-kube-on-kube" -o "$stage/root/pause" "$src"
+  strip "$stage/root/pause"
+  chmod 0755 "$stage/root/pause"
+  layer "$dir/layers/pause-$v.tar" "$stage/root"
+  push "registry.k8s.io/pause:$v" --entrypoint /pause --user 65535:65535 -- "$dir/layers/pause-$v.tar"
+}
+
+# --- agnhost ------------------------------------------------------------------
+build_agnhost() {
+  local stage="$dir/src/agnhost" kdir
+  k8s_wrapper
+  kdir=$(k8s_dir)
+  rm -rf "$stage" && mkdir -p "$stage/root/uploads"
+  log "building agnhost $AGNHOST_VERSION"
+  (cd "$k8s_src" && gobuild build -trimpath -ldflags "-s -w -X main.Version=$AGNHOST_VERSION" \
+    -o "$stage/root/agnhost" k8s.io/kubernetes/test/images/agnhost)
+  ln -s agnhost "$stage/root/agnhost-2"
+  cp "$kdir/test/images/agnhost/porter/localhost.crt" "$kdir/test/images/agnhost/porter/localhost.key" "$stage/root/"
+  chmod 0644 "$stage/root/localhost.crt" "$stage/root/localhost.key"
+  # upstream's image carries a coredns for the DNS tests
+  [ -x "$dir/bin/coredns" ] && cp "$dir/bin/coredns" "$stage/root/coredns"
+  layer "$dir/layers/agnhost-$AGNHOST_VERSION.tar" "$stage/root"
+  # The users and group upstream's image defines for the SupplementalGroups test.
+  rootfs "$dir/layers/agnhost-base.tar" bash,curl,ca-certificates,bind9-dnsutils,netcat-openbsd,iproute2,iperf \
+    --customize-hook='echo "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh" >>"$1/etc/passwd"' \
+    --customize-hook='echo "user-defined-in-image:x:1000:" >>"$1/etc/group"' \
+    --customize-hook='echo "group-defined-in-image:x:50000:user-defined-in-image" >>"$1/etc/group"' \
+    --customize-hook='ln -sf /usr/bin/iperf "$1/usr/local/bin/iperf"'
+  push "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION" \
+    --entrypoint /agnhost --cmd pause --exposed-ports 80/tcp,8080/tcp,8081/tcp,9376/tcp,5000/tcp \
+    -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$AGNHOST_VERSION.tar"
+}
+
+# --- coredns ------------------------------------------------------------------
+# Like upstream's: the static binary with cap_net_bind_service, CA certificates,
+# non-root (65532, distroless' nonroot).
+build_coredns() {
+  local stage="$dir/src/coredns"
+  rm -rf "$stage" && mkdir -p "$stage/root/etc/ssl/certs"
+  if [ ! -x "$dir/bin/coredns" ]; then
+    log "building coredns $COREDNS_VERSION"
+    (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags \
+      "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+      "github.com/coredns/coredns@$COREDNS_VERSION")
+  fi
+  cp "$dir/bin/coredns" "$stage/root/coredns"
+  command -v setcap >/dev/null && setcap cap_net_bind_service=+ep "$stage/root/coredns"
+  [ -f /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt "$stage/root/etc/ssl/certs/"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$stage/root/etc/passwd"
+  printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' >"$stage/root/etc/group"
+  layer "$dir/layers/coredns-$COREDNS_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/coredns/coredns:$COREDNS_VERSION" --entrypoint /coredns --user 65532:65532 \
+    --exposed-ports 53/tcp,53/udp -- "$dir/layers/coredns-$COREDNS_VERSION.tar"
+}
+
+# --- kube-proxy ---------------------------------------------------------------
+# Upstream's is distroless-iptables: kube-proxy in /usr/local/bin with the
+# iptables (legacy and nft), nftables, conntrack, ipset and kmod userspace.
+build_kube_proxy() {
+  local stage="$dir/src/kube-proxy" pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w" p
+  for p in $pkg $cg; do
+    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z -X $p.gitCommit=0000000000000000000000000000000000000000"
+  done
+  k8s_wrapper
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin"
+  log "building kube-proxy $K8S_VERSION"
+  (cd "$k8s_src" && gobuild build -trimpath -ldflags "$ld" -o "$stage/root/usr/local/bin/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy)
+  layer "$dir/layers/kube-proxy-$K8S_VERSION.tar" "$stage/root"
+  rootfs "$dir/layers/kube-proxy-base.tar" iptables,nftables,conntrack,ipset,kmod
+  push "registry.k8s.io/kube-proxy:$K8S_VERSION" \
+    -- "$dir/layers/kube-proxy-base.tar" "$dir/layers/kube-proxy-$K8S_VERSION.tar"
+}
+
+for v in $PAUSE_VERSIONS; do
+  [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
+done
+[ -s "$(marker "registry.k8s.io/coredns/coredns:$COREDNS_VERSION")" ] || timed coredns build_coredns
+[ -s "$(marker "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION")" ] || timed agnhost build_agnhost
+[ -s "$(marker "registry.k8s.io/kube-proxy:$K8S_VERSION")" ] || timed kube-proxy build_kube_proxy
+
+have_all || die "some images are missing"
+for i in "${wanted[@]}"; do echo "$i@$(cat "$(marker "$i")")"; done >"$dir/images.txt"
+took=$(( $(date +%s) - start ))
+log "built in ${took}s; $(du -sh "$store" | cut -f1) in $store"
+echo "$dir"
