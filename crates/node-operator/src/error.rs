@@ -97,6 +97,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the business API server refused a write of the Machine's
+    /// objects (see [`kok_common::apply::refused`]): its message goes into the
+    /// Machine's status with the reason `ObjectRejected`.
+    pub fn rejected(&self) -> bool {
+        match self {
+            Error::Kube(e) | Error::Common(kok_common::Error::Api(e)) => {
+                kok_common::apply::refused(e)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether retrying without a change to the Machine (or its Secret,
     /// PackageVersions, host) cannot help, so the reconcile waits for one
     /// rather than hammering the host.
