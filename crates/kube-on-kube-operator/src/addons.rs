@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
@@ -309,13 +309,13 @@ async fn templates(
     Ok((found, broken))
 }
 
-/// The inventory of the Cluster `owner_uid`; a ConfigMap of its name that
-/// the Cluster does not control is not its inventory (a forged one would
-/// have the step delete what it lists): a `NameConflict` failure.
+/// The inventory of the Cluster `owner`; a ConfigMap of its name that the
+/// Cluster does not control is not its inventory (a forged one would have
+/// the step delete what it lists): a `NameConflict` failure.
 async fn read_inventory(
     api: &Api<ConfigMap>,
     name: &str,
-    owner_uid: &str,
+    owner: &OwnerReference,
 ) -> Result<Inventory, (&'static str, String)> {
     let map = api.get_opt(name).await.map_err(|e| {
         (
@@ -324,7 +324,7 @@ async fn read_inventory(
         )
     })?;
     if let Some(map) = &map {
-        crate::ownership::check("ConfigMap", owner_uid, &map.metadata)
+        crate::ownership::check("ConfigMap", owner, &map.metadata)
             .map_err(|c| (crate::refused::NAME_CONFLICT, c.to_string()))?;
     }
     Ok(map
@@ -466,8 +466,8 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     };
     let plans = render::plan(cluster, &settings, &registered, &broken);
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let owner_uid = cluster.uid().unwrap_or_default();
-    let mut inventory = match read_inventory(&maps, &inventory_name(names), &owner_uid).await {
+    let controller = owner(cluster);
+    let mut inventory = match read_inventory(&maps, &inventory_name(names), &controller).await {
         Ok(i) => i,
         Err((reason, e)) => return Report::failure(reason, e),
     };
@@ -695,7 +695,7 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
         match crate::ownership::delete_owned(
             &deployments,
             &deployment_name,
-            &owner_uid,
+            &controller,
             &DeleteParams::background(),
         )
         .await

@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolumeClaim, Pod, PodCondition, Secret, Service,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::watch::OwnWrites;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -877,7 +878,7 @@ impl Act<'_> {
                     crate::ownership::delete_owned(
                         self.claims,
                         &name(*index),
-                        &self.owner_uid(),
+                        &self.owner(),
                         &DeleteParams::default(),
                     )
                     .await?;
@@ -916,7 +917,7 @@ impl Act<'_> {
                 Ok(created) => OwnWrites::global().record(&created),
                 // Made by an earlier attempt of this very step, or another's.
                 Err(kube::Error::Api(e)) if e.code == 409 => {
-                    crate::ownership::existing(self.claims, &claim_name, &self.owner_uid()).await?
+                    crate::ownership::existing(self.claims, &claim_name, &self.owner()).await?
                 }
                 Err(e) => return Err(Error::writing("PersistentVolumeClaim", &claim_name, e)),
             }
@@ -941,7 +942,7 @@ impl Act<'_> {
                 Ok(())
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                crate::ownership::existing(self.pods, &pod_name, &self.owner_uid()).await
+                crate::ownership::existing(self.pods, &pod_name, &self.owner()).await
             }
             Err(e) => Err(Error::writing("Pod", &pod_name, e)),
         }
@@ -951,16 +952,16 @@ impl Act<'_> {
         crate::ownership::delete_owned(
             self.pods,
             &self.names.etcd_member(index),
-            &self.owner_uid(),
+            &self.owner(),
             &DeleteParams::default(),
         )
         .await
         .map(drop)
     }
 
-    /// UID of the Cluster, the controller of every object the step writes.
-    fn owner_uid(&self) -> String {
-        self.cluster.uid().unwrap_or_default()
+    /// The Cluster as the controller of every object the step writes.
+    fn owner(&self) -> OwnerReference {
+        crate::render::owner(self.cluster)
     }
 
     async fn event(&self, reason: &str, action: &str, note: String) {

@@ -42,11 +42,18 @@ pub fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|o| o.controller == Some(true))
 }
 
-/// Whether `live` may be written on behalf of the controller `owner_uid`:
-/// only when that owner controls it already.
-pub fn check(kind: &str, owner_uid: &str, live: &ObjectMeta) -> Result<(), Conflict> {
+/// Whether `live` may be written on behalf of the controller `owner`: only
+/// when `owner` controls it already, or a deleted predecessor of the same
+/// kind and name did (its objects are garbage to be collected: names are
+/// unique in a namespace, so the owner of that name with another UID is
+/// gone, and a Cluster recreated at once takes them over as before).
+pub fn check(kind: &str, owner: &OwnerReference, live: &ObjectMeta) -> Result<(), Conflict> {
+    let group = |r: &OwnerReference| r.api_version.split('/').next().map(str::to_string);
     match controller(live) {
-        Some(o) if o.uid == owner_uid => Ok(()),
+        Some(o) if o.uid == owner.uid => Ok(()),
+        Some(o) if o.kind == owner.kind && o.name == owner.name && group(o) == group(owner) => {
+            Ok(())
+        }
         other => Err(Conflict {
             kind: kind.to_string(),
             name: live.name.clone().unwrap_or_default(),
@@ -71,8 +78,7 @@ where
         return Ok(());
     };
     let kind = K::kind(&());
-    let check_meta =
-        |live: &ObjectMeta| check(&kind, &owner.uid, live).map_err(Error::NameConflict);
+    let check_meta = |live: &ObjectMeta| check(&kind, owner, live).map_err(Error::NameConflict);
     if let Some(live) = known {
         return check_meta(live.meta());
     }
@@ -85,23 +91,23 @@ where
 
 /// After a create answered "already exists": the object is the owner's own
 /// (made by an earlier attempt) or a conflict.
-pub async fn existing<K>(api: &Api<K>, name: &str, owner_uid: &str) -> Result<(), Error>
+pub async fn existing<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     match api.get_metadata_opt(name).await.map_err(Error::Kube)? {
-        Some(live) => check(&K::kind(&()), owner_uid, &live.metadata).map_err(Error::NameConflict),
+        Some(live) => check(&K::kind(&()), owner, &live.metadata).map_err(Error::NameConflict),
         None => Ok(()),
     }
 }
 
-/// Delete `name` if `owner_uid` controls it, with its uid as the
+/// Delete `name` if `owner` controls it (see [`check`]), with its UID as the
 /// precondition (so an object of that name made since it was read is not
 /// the one deleted); whether a delete was sent. Gone already is fine.
 pub async fn delete_owned<K>(
     api: &Api<K>,
     name: &str,
-    owner_uid: &str,
+    owner: &OwnerReference,
     params: &DeleteParams,
 ) -> Result<bool, Error>
 where
@@ -110,7 +116,7 @@ where
     let Some(live) = api.get_metadata_opt(name).await.map_err(Error::Kube)? else {
         return Ok(false);
     };
-    check(&K::kind(&()), owner_uid, &live.metadata).map_err(Error::NameConflict)?;
+    check(&K::kind(&()), owner, &live.metadata).map_err(Error::NameConflict)?;
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: live.uid(),
@@ -129,59 +135,68 @@ where
 mod tests {
     use super::*;
 
-    fn meta(name: &str, owner: Option<(&str, &str, bool)>) -> ObjectMeta {
+    fn reference(kind: &str, name: &str, uid: &str, controller: bool) -> OwnerReference {
+        OwnerReference {
+            api_version: "kubeonkube.io/v1alpha1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            controller: Some(controller),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn meta(owner: Option<OwnerReference>) -> ObjectMeta {
         ObjectMeta {
-            name: Some(name.into()),
-            owner_references: owner.map(|(kind, uid, controller)| {
-                vec![OwnerReference {
-                    api_version: "kubeonkube.io/v1alpha1".into(),
-                    kind: kind.into(),
-                    name: format!("{kind}-{uid}").to_lowercase(),
-                    uid: uid.into(),
-                    controller: Some(controller),
-                    block_owner_deletion: Some(true),
-                }]
-            }),
+            name: Some("x-etcd-ca".into()),
+            owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         }
     }
 
     #[test]
     fn only_the_controller_may_write() {
-        assert_eq!(
-            check(
-                "Secret",
-                "u1",
-                &meta("x-etcd-ca", Some(("Cluster", "u1", true)))
-            ),
-            Ok(())
-        );
+        let x = reference("Cluster", "x", "u1", true);
+        assert_eq!(check("Secret", &x, &meta(Some(x.clone()))), Ok(()));
         let other = check(
             "Secret",
-            "u1",
-            &meta("x-etcd-ca", Some(("Cluster", "u2", true))),
+            &x,
+            &meta(Some(reference("Cluster", "x-etcd", "u2", true))),
         )
         .expect_err("another Cluster's");
-        assert_eq!(other.owner, "Cluster cluster-u2");
+        assert_eq!(other.owner, "Cluster x-etcd");
         assert_eq!(other.name, "x-etcd-ca");
         assert!(other.to_string().contains("Secret x-etcd-ca"), "{other}");
-        // Nobody's, or owned without being controlled: not the operator's either.
-        assert!(check("Secret", "u1", &meta("x-etcd-ca", None)).is_err());
+        // Nobody's, owned without being controlled, or another kind's: not
+        // the operator's either.
+        assert!(check("Secret", &x, &meta(None)).is_err());
         assert!(
             check(
                 "Secret",
-                "u1",
-                &meta("x-etcd-ca", Some(("Cluster", "u1", false)))
+                &x,
+                &meta(Some(reference("Cluster", "x", "u1", false)))
             )
             .is_err()
         );
         assert!(
             check(
                 "Secret",
-                "u1",
-                &meta("x-etcd-ca", Some(("ConfigMap", "u3", true)))
+                &x,
+                &meta(Some(reference("ConfigMap", "x", "u3", true)))
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn a_deleted_predecessor_of_the_same_name_is_taken_over() {
+        let x = reference("Cluster", "x", "new", true);
+        let before = reference("Cluster", "x", "old", true);
+        assert_eq!(check("Secret", &x, &meta(Some(before.clone()))), Ok(()));
+        let elsewhere = OwnerReference {
+            api_version: "example.com/v1".into(),
+            ..before
+        };
+        assert!(check("Secret", &x, &meta(Some(elsewhere))).is_err());
     }
 }
