@@ -150,3 +150,27 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "code": code,
+            "message": "secrets \"bootstrap-token-abc\" is forbidden: exceeded quota"
+        }))
+        .expect("status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn a_refused_write_is_rejected_and_says_why() {
+        let refused = Error::Kube(api_error(403));
+        assert!(refused.rejected());
+        assert!(refused.to_string().contains("exceeded quota"), "{refused}");
+        assert!(Error::Common(kok_common::Error::Api(api_error(422))).rejected());
+        assert!(!Error::Kube(api_error(409)).rejected());
+        assert!(!Error::Kube(api_error(503)).rejected());
+    }
+}
