@@ -16,13 +16,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, READY};
-use kube_on_kube_operator::controller::{Config, Context, reconcile};
+use kube_on_kube_operator::controller::{Config, Context, MANAGER, reconcile};
 use kube_on_kube_operator::refused::{NAME_CONFLICT, OBJECT_REJECTED, RECHECK};
 use serde_json::json;
 
@@ -145,10 +145,17 @@ async fn another_owners_object_is_left_alone_and_reported() {
         "data": {"tls.crt": "b3RoZXI=", "tls.key": "b3RoZXI=", "ca.crt": "b3RoZXI="},
     }))
     .expect("secret");
+    // Written as the operator writes its own (server-side apply with its
+    // field manager), so nothing but the check keeps an apply for x from
+    // taking it over.
     secrets
-        .create(&PostParams::default(), &taken)
+        .patch(
+            "x-etcd-ca",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&taken),
+        )
         .await
-        .expect("create the other's secret");
+        .expect("apply the other's secret");
     let unowned: Service = serde_json::from_value(json!({
         "metadata": {"name": "z-apiserver", "labels": {"app": "mine"}},
         "spec": {"ports": [{"port": 8443}], "selector": {"app": "mine"}},
