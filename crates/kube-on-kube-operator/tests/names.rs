@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::event_notes;
+use common::{context, event_notes, kwok_cluster};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -18,40 +18,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, READY};
 use kube_on_kube_operator::controller::{Config, Context, MANAGER, reconcile};
 use kube_on_kube_operator::refused::{NAME_CONFLICT, OBJECT_REJECTED, RECHECK};
 use serde_json::json;
-
-fn cluster(namespace: &str, name: &str) -> Cluster {
-    let mut c: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
-            .expect("example");
-    c.metadata.namespace = Some(namespace.into());
-    c.metadata.name = Some(name.into());
-    c.spec.mode = ClusterMode::Minimal;
-    c.spec.placement = None;
-    c.spec.etcd.storage =
-        serde_json::from_value(json!({"volumeSource": {"emptyDir": {}}})).expect("storage");
-    c
-}
-
-fn context(client: &Client) -> Arc<Context> {
-    Arc::new(Context::new(
-        client.clone(),
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        ),
-        Config::default(),
-    ))
-}
 
 /// Create `name` and run one reconcile of it; the Cluster as it is then.
 async fn create_and_reconcile(
@@ -61,7 +33,10 @@ async fn create_and_reconcile(
     name: &str,
 ) -> (Action, Cluster) {
     clusters
-        .create(&PostParams::default(), &cluster(namespace, name))
+        .create(
+            &PostParams::default(),
+            &kwok_cluster(ClusterMode::Minimal, namespace, name),
+        )
         .await
         .expect("create cluster");
     reconcile_once(ctx, clusters, name).await
@@ -127,7 +102,7 @@ async fn another_owners_object_is_left_alone_and_reported() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("names-conflict").await;
-    let ctx = context(&client);
+    let ctx = context(&client, Config::default());
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
@@ -240,7 +215,7 @@ async fn a_refused_object_reaches_the_clusters_status() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("names-refused").await;
-    let ctx = context(&client);
+    let ctx = context(&client, Config::default());
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
