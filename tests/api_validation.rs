@@ -188,12 +188,48 @@ fn cases() -> Vec<Case> {
             )]),
             "a Cluster name may be at most 40 characters",
         ),
+        c(
+            "cluster name with a dot",
+            "Cluster",
+            Create(vec![("metadata/name", json!("a.b"))]),
+            "a Cluster name must be a DNS-1035 label",
+        ),
+        c(
+            "cluster name starting with a digit",
+            "Cluster",
+            Create(vec![("metadata/name", json!("1abc"))]),
+            "a Cluster name must be a DNS-1035 label",
+        ),
+        c(
+            "cluster name ending in -etcd",
+            "Cluster",
+            Create(vec![("metadata/name", json!("x-etcd"))]),
+            "a Cluster name may not end in -etcd or -front-proxy",
+        ),
+        c(
+            "cluster name ending in -front-proxy",
+            "Cluster",
+            Create(vec![("metadata/name", json!("x-front-proxy"))]),
+            "a Cluster name may not end in -etcd or -front-proxy",
+        ),
+        c(
+            "cluster name with a kubeconfig segment",
+            "Cluster",
+            Create(vec![("metadata/name", json!("x-kubeconfig"))]),
+            "a Cluster name may not contain the segment kubeconfig",
+        ),
         // Machine
         c(
             "machine ip",
             "Machine",
             Create(vec![("spec/ip", json!("300.1.2.3"))]),
             "ip must be an IPv4 or IPv6 address",
+        ),
+        c(
+            "machine name length",
+            "Machine",
+            Create(vec![("metadata/name", json!("m".repeat(64)))]),
+            "a Machine name may be at most 63 characters",
         ),
         c(
             "machine ip immutable",
@@ -305,6 +341,12 @@ fn cases() -> Vec<Case> {
             "CanaryRelease",
             Create(vec![("spec/failureBudget", json!(-1))]),
             "failureBudget is a count of at least 0",
+        ),
+        c(
+            "canary release name length",
+            "CanaryRelease",
+            Create(vec![("metadata/name", json!("c".repeat(64)))]),
+            "a CanaryRelease name may be at most 63 characters",
         ),
         c(
             "action enum",
@@ -468,6 +510,72 @@ async fn every_example_applies_and_reads_back_typed() {
         applied += 1;
     }
     assert!(applied >= 8, "applied only {applied} documents");
+}
+
+/// The CRD's rules on Cluster names and `cluster_name_allowed` (which the
+/// operator's test that no two accepted names derive the same name relies
+/// on) judge names alike, and each colliding pair of names is refused its
+/// second Cluster while the first stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_names_are_judged_as_cluster_name_allowed_says() {
+    use kube_on_kube_api::cluster::{MAX_CLUSTER_NAME, cluster_name_allowed};
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let namespace = env.namespace("names").await;
+    let api = api_for(&client, "Cluster", &namespace);
+    let create = async |name: &str| {
+        let mut doc = base("Cluster", 0, &namespace);
+        set(&mut doc, "metadata/name", json!(name));
+        let obj: DynamicObject = serde_json::from_value(doc).expect("cluster");
+        api.create(&PostParams::default(), &obj).await
+    };
+    let longest = "a".repeat(MAX_CLUSTER_NAME);
+    let too_long = "a".repeat(MAX_CLUSTER_NAME + 1);
+    let names = [
+        "x",
+        "ci-1234",
+        "etcd",
+        "x-etcd-0",
+        "x-proxy",
+        "x-admin",
+        "x-apiserver",
+        "x-etcd-ca",
+        "a.b",
+        "1abc",
+        "x-",
+        "x_y",
+        "x-etcd",
+        "x-front-proxy",
+        "x-kubeconfig",
+        "x-kubeconfig-sa",
+        "kubeconfig",
+        "x-front",
+        longest.as_str(),
+        too_long.as_str(),
+    ];
+    let mut disagreements = Vec::new();
+    for name in names {
+        let accepted = match create(name).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 422 => false,
+            Err(e) => panic!("{name}: {e}"),
+        };
+        if accepted != cluster_name_allowed(name) {
+            disagreements.push(format!("{name}: API server accepted={accepted}"));
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:?}");
+
+    // The pairs of the issue: `x` exists, and its partner is refused.
+    let first = api.get("x").await.expect("x");
+    for second in ["x-etcd", "x-front-proxy", "x-kubeconfig"] {
+        assert!(create(second).await.is_err(), "{second} accepted");
+    }
+    let after = api.get("x").await.expect("x");
+    assert_eq!(
+        first.metadata.resource_version,
+        after.metadata.resource_version
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

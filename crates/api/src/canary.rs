@@ -18,6 +18,7 @@ use crate::shared::DURATION_PATTERN;
     version = "v1alpha1",
     kind = "CanaryRelease",
     status = "CanaryReleaseStatus",
+    validation = Rule::new("size(self.metadata.name) <= 63").message("a CanaryRelease name may be at most 63 characters: it is the value of the label that marks the Machines the release selects, and a label value has at most 63 characters"),
     shortname = "canary",
     category = "kok",
     doc = "Rolls target PackageVersions to the Machines its selector picks, batch by batch, with health gates between batches, a failure budget that halts it, rollback and promotion to the cluster default.",

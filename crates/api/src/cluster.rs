@@ -22,7 +22,10 @@ use crate::shared::{DNS_SUBDOMAIN_PATTERN, DURATION_PATTERN, VERSION_PATTERN};
     kind = "Cluster",
     namespaced,
     status = "ClusterStatus",
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a Cluster name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter and ending with a letter or digit): its Services are named after it"),
     validation = Rule::new("size(self.metadata.name) <= 40").message("a Cluster name may be at most 40 characters: the names of its Services and Secrets are built from it"),
+    validation = Rule::new("!self.metadata.name.matches('-(etcd|front-proxy)$')").message("a Cluster name may not end in -etcd or -front-proxy: its objects would take the names of another Cluster's (Cluster x-etcd's CA Secret would be x-etcd-ca, the etcd CA of Cluster x)"),
+    validation = Rule::new("!self.metadata.name.matches('(^|-)kubeconfig(-|$)')").message("a Cluster name may not contain the segment kubeconfig: its objects would take the names of another Cluster's user kubeconfigs (Cluster x-kubeconfig's x-kubeconfig-sa is the kubeconfig of user sa of Cluster x)"),
     shortname = "kc",
     category = "kok",
     doc = "A business Kubernetes cluster whose control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and add-ons) runs as Pods in this meta-cluster.",
@@ -470,6 +473,41 @@ pub struct ClusterStatus {
     pub certificates_expire_at: Option<Time>,
 }
 
+/// Longest Cluster name: the longest name derived from it,
+/// `<cluster>-apiserver-external`, must still be a Service name (a DNS-1035
+/// label of at most 63 characters).
+pub const MAX_CLUSTER_NAME: usize = 40;
+
+/// Endings a Cluster name may not have: a Cluster `<x>-<ending>` would derive
+/// names that Cluster `<x>` derives too (`<x>-etcd-ca`, `<x>-front-proxy-ca`).
+pub const RESERVED_NAME_ENDINGS: [&str; 2] = ["etcd", "front-proxy"];
+
+/// A segment no Cluster name may contain: a Cluster `<x>-kubeconfig[-<y>]`
+/// would derive the names of Cluster `<x>`'s user kubeconfigs
+/// (`<x>-kubeconfig-<user>`).
+pub const RESERVED_NAME_SEGMENT: &str = "kubeconfig";
+
+/// Whether the API server accepts `name` as a Cluster's name: the same rules
+/// as the CRD's CEL rules on `metadata.name`, for code that needs to know
+/// beforehand (and for the test that no two accepted names share a derived
+/// name).
+pub fn cluster_name_allowed(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let dns_1035 = bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    dns_1035
+        && name.len() <= MAX_CLUSTER_NAME
+        && !RESERVED_NAME_ENDINGS
+            .iter()
+            .any(|e| name.ends_with(&format!("-{e}")))
+        && !name.split('-').any(|s| s == RESERVED_NAME_SEGMENT)
+}
+
 /// Condition types of a Cluster's status.
 pub const ETCD_READY: &str = "EtcdReady";
 pub const APISERVER_READY: &str = "APIServerReady";
@@ -577,6 +615,40 @@ pub struct EtcdMemberStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_names_as_the_crd_rules_judge_them() {
+        for ok in [
+            "x",
+            "prod-east",
+            "ci-1234",
+            "etcd",
+            "x-etcd-0",
+            "x-proxy",
+            "kube-x9",
+        ] {
+            assert!(cluster_name_allowed(ok), "{ok}");
+        }
+        let long = "a".repeat(MAX_CLUSTER_NAME + 1);
+        for bad in [
+            "",
+            "a.b",
+            "1abc",
+            "A",
+            "x-",
+            "-x",
+            "x_y",
+            long.as_str(),
+            "x-etcd",
+            "x-front-proxy",
+            "kubeconfig",
+            "x-kubeconfig",
+            "x-kubeconfig-sa",
+        ] {
+            assert!(!cluster_name_allowed(bad), "{bad}");
+        }
+        assert!(cluster_name_allowed(&"a".repeat(MAX_CLUSTER_NAME)));
+    }
 
     fn with(conditions: &[(&str, &str)]) -> ClusterStatus {
         ClusterStatus {

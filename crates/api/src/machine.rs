@@ -19,6 +19,7 @@ use crate::shared::{DNS_SUBDOMAIN_PATTERN, OperationResult, SecretKeyRef};
     version = "v1alpha1",
     kind = "Machine",
     status = "MachineStatus",
+    validation = Rule::new("size(self.metadata.name) <= 63").message("a Machine name may be at most 63 characters: its bootstrap token and its Node are labelled with it, and a label value has at most 63 characters"),
     shortname = "mach",
     category = "kok",
     doc = "A host the node-operator provisions over SSH (container runtime, CNI plugins, kubelet) into a Ready Node of this cluster, and keeps at its declared versions.",

@@ -15,6 +15,16 @@ pub fn params(manager: &str) -> PatchParams {
     PatchParams::apply(manager).force()
 }
 
+/// Whether the API server refused a write for a reason a retry alone does
+/// not fix: a 4xx status (invalid, denied by admission, over a quota,
+/// forbidden) other than a missing object (404), a conflict of versions or
+/// names (409) and throttling (429). Such an error is for the user to see on
+/// the object the write was for, not only for the log.
+pub fn refused(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(e)
+        if (400..500).contains(&e.code) && ![404, 409, 429].contains(&e.code))
+}
+
 /// Server-side apply `obj` (which must carry apiVersion, kind and name).
 pub async fn apply<K>(api: &Api<K>, manager: &str, name: &str, obj: &K) -> Result<K, Error>
 where
@@ -49,4 +59,26 @@ where
     api.patch_status(name, &params(manager), &Patch::Apply(patch))
         .await
         .map_err(Error::Api)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        let status: kube::core::Status =
+            serde_json::from_value(serde_json::json!({"code": code, "message": "m"}))
+                .expect("status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn only_what_a_retry_cannot_fix_is_refused() {
+        for code in [400, 403, 422] {
+            assert!(refused(&api_error(code)), "{code}");
+        }
+        for code in [404, 409, 429, 500, 503] {
+            assert!(!refused(&api_error(code)), "{code}");
+        }
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
@@ -347,11 +347,24 @@ impl TemplatesError {
     }
 }
 
-async fn read_inventory(api: &Api<ConfigMap>, name: &str) -> Result<Inventory, String> {
-    let map = api
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("reading ConfigMap {name}: {e}"))?;
+/// The inventory of the Cluster `owner`; a ConfigMap of its name that the
+/// Cluster does not control is not its inventory (a forged one would have
+/// the step delete what it lists): a `NameConflict` failure.
+async fn read_inventory(
+    api: &Api<ConfigMap>,
+    name: &str,
+    owner: &OwnerReference,
+) -> Result<Inventory, (&'static str, String)> {
+    let map = api.get_opt(name).await.map_err(|e| {
+        (
+            "InventoryUnreadable",
+            format!("reading ConfigMap {name}: {e}"),
+        )
+    })?;
+    if let Some(map) = &map {
+        crate::ownership::check("ConfigMap", owner, &map.metadata)
+            .map_err(|c| (crate::refused::NAME_CONFLICT, c.to_string()))?;
+    }
     Ok(map
         .and_then(|m| m.data)
         .and_then(|d| d.get(INVENTORY_KEY).cloned())
@@ -386,6 +399,9 @@ async fn write_inventory(
         data: Some([(INVENTORY_KEY.to_string(), text)].into()),
         ..Default::default()
     };
+    crate::ownership::guard(api, &map, None)
+        .await
+        .map_err(|e| format!("writing ConfigMap {name}: {e}"))?;
     kok_common::apply::apply(api, MANAGER, &name, &map)
         .await
         .map(drop)
@@ -488,9 +504,10 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     };
     let plans = render::plan(cluster, &settings, &registered, &broken);
     let maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let mut inventory = match read_inventory(&maps, &inventory_name(names)).await {
+    let controller = owner(cluster);
+    let mut inventory = match read_inventory(&maps, &inventory_name(names), &controller).await {
         Ok(i) => i,
-        Err(e) => return Report::failure("InventoryUnreadable", e),
+        Err((reason, e)) => return Report::failure(reason, e),
     };
     let before = inventory.clone();
 
@@ -698,7 +715,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
             .unwrap_or_default();
         let desired =
             render::node_operator(cluster, names, values, &node_operator_hash(inputs, image));
-        match kok_common::apply::apply(&deployments, MANAGER, &deployment_name, &desired).await {
+        let written = match crate::ownership::guard(&deployments, &desired, None).await {
+            Ok(()) => kok_common::apply::apply(&deployments, MANAGER, &deployment_name, &desired)
+                .await
+                .map_err(crate::Error::from),
+            Err(e) => Err(e),
+        };
+        match written {
             Ok(d) => {
                 let want = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
                 let ready = d
@@ -708,17 +731,36 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                     .unwrap_or(0);
                 node_operator = Some((ready, want));
             }
-            Err(e) => failed.push(format!("Deployment {deployment_name}: {e}")),
+            Err(e) => {
+                if let crate::Error::NameConflict(c) = &e {
+                    addon_event(
+                        ctx,
+                        inputs,
+                        EventType::Warning,
+                        crate::refused::NAME_CONFLICT,
+                        "ApplyDeployment",
+                        render::NODE_OPERATOR,
+                        c.to_string(),
+                    )
+                    .await;
+                }
+                failed.push(format!("Deployment {deployment_name}: {e}"))
+            }
         }
     } else if plans
         .iter()
         .any(|p| matches!(p, Plan::Disabled { name } if name == render::NODE_OPERATOR))
     {
-        match deployments
-            .delete(&deployment_name, &DeleteParams::background())
-            .await
+        match crate::ownership::delete_owned(
+            &deployments,
+            &deployment_name,
+            &controller,
+            &DeleteParams::background(),
+        )
+        .await
         {
-            Ok(_) => {
+            Ok(false) => {}
+            Ok(true) => {
                 addon_event(
                     ctx,
                     inputs,
@@ -730,7 +772,6 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                 )
                 .await;
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => failed.push(format!("deleting Deployment {deployment_name}: {e}")),
         }
     }

@@ -357,8 +357,24 @@ pub(crate) async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
+    apply_over(api, obj, None).await
+}
+
+/// [`apply`] with the live object when the caller has read it (see
+/// [`crate::ownership::guard`]): an object another owner controls is not
+/// written, and what the API server refuses is an [`Error::Rejected`].
+pub(crate) async fn apply_over<K>(api: &Api<K>, obj: &K, live: Option<&K>) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    crate::ownership::guard(api, obj, live).await?;
     let name = obj.meta().name.clone().unwrap_or_default();
-    let written = kok_common::apply::apply(api, MANAGER, &name, obj).await?;
+    let written = kok_common::apply::apply(api, MANAGER, &name, obj)
+        .await
+        .map_err(|e| match e {
+            kok_common::Error::Api(e) => Error::writing(&K::kind(&()), &name, e),
+            other => Error::Common(other),
+        })?;
     OwnWrites::global().record(&written);
     Ok(written)
 }
@@ -379,12 +395,13 @@ where
 {
     let key = names.key();
     let want = desired_hash(desired);
-    if let Some(live) = desired.meta().name.as_ref().and_then(|n| read.get(n))
+    let live = desired.meta().name.as_ref().and_then(|n| read.get(n));
+    if let Some(live) = live
         && ctx.applied.unchanged(&key, want, live, version)
     {
         return Ok(live.clone());
     }
-    let written = apply(api, desired).await?;
+    let written = apply_over(api, desired, live).await?;
     ctx.applied.record(&key, want, &written, version);
     Ok(written)
 }
@@ -510,11 +527,17 @@ pub(crate) async fn publish_related(
 }
 
 /// Converge one Cluster. A namespace holding more of its labelled objects
-/// than the operator reads is reported on the Cluster (see [`limited`]).
+/// than the operator reads is reported on the Cluster (see [`limited`]); a
+/// write that was refused is shown on the Cluster (see [`crate::refused`])
+/// rather than retried at once.
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     match converge(cluster.clone(), ctx.clone()).await {
         Err(Error::Limit(exceeded)) => limited(&ctx, &cluster, &exceeded).await,
-        other => other,
+        Err(error) => match crate::refused::Refusal::of(&error) {
+            Some(refusal) => crate::refused::report(&ctx, &cluster, &refusal).await,
+            None => Err(error),
+        },
+        done => done,
     }
 }
 
@@ -1062,17 +1085,35 @@ async fn set_finalizers(
     Ok(())
 }
 
-/// Delete `name`, already gone being fine; whether it was asked for.
-/// Failures are only logged: garbage collection deletes it anyway.
-async fn delete_quietly<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> bool
+/// The listed objects whose controller is one of `owners` (by UID).
+fn controlled<K: Resource>(listed: Result<Vec<K>, Error>, owners: &[String]) -> Vec<K> {
+    listed
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| crate::ownership::controller(o.meta()).is_some_and(|c| owners.contains(&c.uid)))
+        .collect()
+}
+
+/// Delete `object` (that very one: its UID is the precondition), already
+/// gone being fine; whether it was asked for. Failures are only logged:
+/// garbage collection deletes it anyway.
+async fn delete_quietly<K>(api: &Api<K>, object: &K, params: &DeleteParams) -> bool
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    match api.delete(name, params).await {
+    let name = object.meta().name.clone().unwrap_or_default();
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: object.meta().uid.clone(),
+            resource_version: None,
+        }),
+        ..params.clone()
+    };
+    match api.delete(&name, &params).await {
         Ok(_) => true,
         Err(kube::Error::Api(e)) if e.code == 404 => false,
         Err(error) => {
-            tracing::warn!(object = name, %error, "cannot delete during teardown");
+            tracing::warn!(object = %name, %error, "cannot delete during teardown");
             false
         }
     }
@@ -1110,13 +1151,19 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
         propagation_policy: Some(PropagationPolicy::Background),
         ..Default::default()
     };
+    // Only what the Cluster controls, directly or through its Deployments:
+    // the label alone is no proof (anyone who may create Pods in the
+    // namespace can set it, and another Cluster's objects may carry it).
+    let mut owners: Vec<String> = cluster.uid().into_iter().collect();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    for d in list(ctx, &deployments, names).await.unwrap_or_default() {
-        delete_quietly(&deployments, &d.name_any(), &background).await;
+    for d in controlled(list(ctx, &deployments, names).await, &owners) {
+        owners.extend(d.uid());
+        delete_quietly(&deployments, &d, &background).await;
     }
     let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
-    for rs in list(ctx, &replica_sets, names).await.unwrap_or_default() {
-        delete_quietly(&replica_sets, &rs.name_any(), &background).await;
+    for rs in controlled(list(ctx, &replica_sets, names).await, &owners) {
+        owners.extend(rs.uid());
+        delete_quietly(&replica_sets, &rs, &background).await;
     }
     let quick = DeleteParams {
         grace_period_seconds: Some(TEARDOWN_GRACE_SECONDS as u32),
@@ -1124,14 +1171,14 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut stopped = 0;
-    for p in list(ctx, &pods, names).await.unwrap_or_default() {
+    for p in controlled(list(ctx, &pods, names).await, &owners) {
         if p.metadata
             .deletion_grace_period_seconds
             .is_some_and(|g| g <= TEARDOWN_GRACE_SECONDS)
         {
             continue;
         }
-        if delete_quietly(&pods, &p.name_any(), &quick).await {
+        if delete_quietly(&pods, &p, &quick).await {
             stopped += 1;
         }
     }

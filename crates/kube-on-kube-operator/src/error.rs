@@ -12,6 +12,20 @@ pub enum Error {
     /// A list of the Cluster's namespace holds more than the operator reads.
     #[error(transparent)]
     Limit(#[from] crate::bounded::Exceeded),
+    /// An object the Cluster needs has a name another owner's object holds.
+    #[error("{0}")]
+    NameConflict(crate::ownership::Conflict),
+    /// The API server refused an object the Cluster needs (invalid, denied
+    /// by admission, over a quota): the user must see its message.
+    #[error("the API server refused {kind} {name}: {message}")]
+    Rejected {
+        kind: String,
+        name: String,
+        /// The API server's own message.
+        message: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
 }
 
 impl From<crate::bounded::ListError> for Error {
@@ -30,6 +44,22 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Common(e) => e.category(),
             Error::Limit(_) => "limit",
+            Error::NameConflict(_) => "name_conflict",
+            Error::Rejected { .. } => "rejected",
+        }
+    }
+
+    /// A failed write of `kind` `name`: [`Error::Rejected`] when the API
+    /// server refused it (see [`kok_common::apply::refused`]).
+    pub fn writing(kind: &str, name: &str, error: kube::Error) -> Error {
+        match &error {
+            kube::Error::Api(status) if kok_common::apply::refused(&error) => Error::Rejected {
+                kind: kind.to_string(),
+                name: name.to_string(),
+                message: status.message.clone(),
+                source: Box::new(error),
+            },
+            _ => Error::Kube(error),
         }
     }
 }

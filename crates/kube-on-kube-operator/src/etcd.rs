@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolumeClaim, Pod, PodCondition, Secret, Service,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::watch::OwnWrites;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -874,15 +875,13 @@ impl Act<'_> {
             }
             Step::DeleteClaim { index } => {
                 if self.cluster.spec.etcd.storage.claim_template.is_some() {
-                    match self
-                        .claims
-                        .delete(&name(*index), &DeleteParams::default())
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(e)) if e.code == 404 => {}
-                        Err(e) => return Err(Error::Kube(e)),
-                    }
+                    crate::ownership::delete_owned(
+                        self.claims,
+                        &name(*index),
+                        &self.owner(),
+                        &DeleteParams::default(),
+                    )
+                    .await?;
                 }
             }
             Step::Wait { .. } | Step::Done => {}
@@ -913,11 +912,14 @@ impl Act<'_> {
         if let Some(claim) = render::member_claim(self.cluster, self.names, index)
             && self.slots[index].claim == ClaimState::Absent
         {
+            let claim_name = claim.name_any();
             match self.claims.create(&PostParams::default(), &claim).await {
                 Ok(created) => OwnWrites::global().record(&created),
-                // Made by an earlier attempt of this very step.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(Error::Kube(e)),
+                // Made by an earlier attempt of this very step, or another's.
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    crate::ownership::existing(self.claims, &claim_name, &self.owner()).await?
+                }
+                Err(e) => return Err(Error::writing("PersistentVolumeClaim", &claim_name, e)),
             }
         }
         let hash = member_hash(self.names, self.secrets, index, self.image);
@@ -933,26 +935,33 @@ impl Act<'_> {
                 config_hash: &hash,
             },
         );
+        let pod_name = pod.name_any();
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(created) => {
                 OwnWrites::global().record(&created);
                 Ok(())
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-            Err(e) => Err(Error::Kube(e)),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                crate::ownership::existing(self.pods, &pod_name, &self.owner()).await
+            }
+            Err(e) => Err(Error::writing("Pod", &pod_name, e)),
         }
     }
 
     async fn delete_pod(&self, index: usize) -> Result<(), Error> {
-        match self
-            .pods
-            .delete(&self.names.etcd_member(index), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(Error::Kube(e)),
-        }
+        crate::ownership::delete_owned(
+            self.pods,
+            &self.names.etcd_member(index),
+            &self.owner(),
+            &DeleteParams::default(),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The Cluster as the controller of every object the step writes.
+    fn owner(&self) -> OwnerReference {
+        crate::render::owner(self.cluster)
     }
 
     async fn event(&self, reason: &str, action: &str, note: String) {

@@ -136,6 +136,7 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn names() -> Names {
         Names {
@@ -161,6 +162,159 @@ mod tests {
         let unique: std::collections::BTreeSet<_> = all.iter().collect();
         assert_eq!(unique.len(), all.len(), "{all:?}");
         assert!(all.iter().all(|s| s.starts_with("prod-")));
+    }
+
+    /// Every name derived from Cluster `cluster` (Production, with the extra
+    /// users `users`), by kind: the PKI's Secrets as the certificate plan
+    /// has them, the Services, Deployments, etcd member Pods and claims, and
+    /// the add-on inventory.
+    fn derived(cluster: &str, users: &[String]) -> Vec<(&'static str, String)> {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+                .expect("example");
+        c.metadata.name = Some(cluster.into());
+        c.spec.extra_users = users
+            .iter()
+            .map(|u| kube_on_kube_api::cluster::ExtraUser {
+                name: u.clone(),
+                groups: vec![],
+            })
+            .collect();
+        let n = Names::new(&c, "cluster.local");
+        let mut out = Vec::new();
+        for secret in [
+            n.ca_secret(),
+            n.etcd_ca_secret(),
+            n.front_proxy_ca_secret(),
+            n.service_account_secret(),
+        ] {
+            out.push(("Secret", secret));
+        }
+        for planned in crate::certs::plan(&c, &n, &[]).expect("plan") {
+            out.push((
+                "Secret",
+                match planned.target {
+                    crate::certs::Target::TlsSecret(s) => s,
+                    crate::certs::Target::Kubeconfig { secret, .. } => secret,
+                },
+            ));
+        }
+        for service in [
+            n.apiserver_service(),
+            n.apiserver_external_service(),
+            n.etcd_client_service(),
+        ] {
+            out.push(("Service", service));
+        }
+        for index in 0..crate::etcd::MAX_MEMBERS {
+            for kind in ["Service", "Pod", "PersistentVolumeClaim"] {
+                out.push((kind, n.etcd_member(index)));
+            }
+        }
+        for component in [
+            Component::ApiServer,
+            Component::ControllerManager,
+            Component::Scheduler,
+            Component::NodeOperator,
+        ] {
+            out.push(("Deployment", n.deployment(component)));
+        }
+        out.push(("ConfigMap", crate::addons::inventory_name(&n)));
+        out
+    }
+
+    /// Proper prefixes of `suffix` in whole `-` segments: `etcd-0-peer`
+    /// gives `etcd` and `etcd-0`.
+    fn segment_prefixes(suffix: &str) -> Vec<String> {
+        let segments: Vec<&str> = suffix.split('-').collect();
+        (1..segments.len())
+            .map(|k| segments[..k].join("-"))
+            .collect()
+    }
+
+    /// Two Clusters of one namespace share a derived name only if one's
+    /// name is the other's followed by `-p`, where `p` begins (in whole
+    /// segments) a suffix the other derives: `x` and `x-etcd` (`etcd-ca`),
+    /// `x` and `x-kubeconfig` (user `sa`'s `kubeconfig-sa`). So every
+    /// collision has the shape of a pair (`x`, `x-p`) over this vocabulary:
+    /// each such pair, with extra users named after every suffix and prefix,
+    /// is tried, and no two names the CRD accepts may share a derived name
+    /// (whatever their kinds); the refused ones must include each pair of
+    /// the issue.
+    #[test]
+    fn no_two_accepted_cluster_names_derive_the_same_name() {
+        use kube_on_kube_api::cluster::cluster_name_allowed;
+        let base = "x";
+        let suffixes: BTreeSet<String> = derived(base, &["sa".into()])
+            .into_iter()
+            .map(|(_, name)| name[base.len() + 1..].to_string())
+            .collect();
+        let mut vocabulary: BTreeSet<String> = suffixes.clone();
+        vocabulary.extend(suffixes.iter().flat_map(|s| segment_prefixes(s)));
+        let users: Vec<String> = vocabulary.iter().cloned().collect();
+
+        let mut candidates = vec![base.to_string()];
+        candidates.extend(vocabulary.iter().map(|p| format!("{base}-{p}")));
+        let accepted: Vec<&String> = candidates
+            .iter()
+            .filter(|c| cluster_name_allowed(c))
+            .collect();
+        for refused in ["x-etcd", "x-front-proxy", "x-kubeconfig"] {
+            assert!(candidates.iter().any(|c| c == refused), "{refused}");
+            assert!(!cluster_name_allowed(refused), "{refused}");
+        }
+        assert!(accepted.len() > 20, "{accepted:?}");
+
+        let mut owner: BTreeMap<String, &String> = BTreeMap::new();
+        for cluster in &accepted {
+            let names = derived(cluster, &users);
+            // Within one Cluster, one object per name and kind.
+            let per_kind: BTreeSet<_> = names.iter().collect();
+            assert_eq!(per_kind.len(), names.len(), "{cluster}: {names:?}");
+            let distinct: BTreeSet<String> = names.into_iter().map(|(_, n)| n).collect();
+            for name in distinct {
+                if let Some(first) = owner.insert(name.clone(), cluster) {
+                    panic!("Clusters {first} and {cluster} both derive {name}");
+                }
+            }
+        }
+        // And the pairs of the issue do collide without the rules.
+        let collide = |a: &str, b: &str, users: &[String]| {
+            let a: BTreeSet<String> = derived(a, users).into_iter().map(|(_, n)| n).collect();
+            let b: BTreeSet<String> = derived(b, &[]).into_iter().map(|(_, n)| n).collect();
+            a.intersection(&b).next().cloned()
+        };
+        assert_eq!(collide("x", "x-etcd", &[]).as_deref(), Some("x-etcd-ca"));
+        assert_eq!(
+            collide("x", "x-front-proxy", &[]).as_deref(),
+            Some("x-front-proxy-ca")
+        );
+        assert_eq!(
+            collide("x", "x-kubeconfig", &["sa".into()]).as_deref(),
+            Some("x-kubeconfig-sa")
+        );
+    }
+
+    /// The longest accepted Cluster name still gives Service names that are
+    /// DNS-1035 labels (at most 63 characters) and Secret names within 253
+    /// with the longest user name.
+    #[test]
+    fn the_longest_cluster_name_fits_every_derived_name() {
+        use kube_on_kube_api::cluster::{MAX_CLUSTER_NAME, cluster_name_allowed};
+        let longest = "a".repeat(MAX_CLUSTER_NAME);
+        assert!(cluster_name_allowed(&longest));
+        let user = "u".repeat(63);
+        for (kind, name) in derived(&longest, &[user]) {
+            let limit = match kind {
+                "Service" | "Pod" => 63,
+                _ => 253,
+            };
+            assert!(
+                name.len() <= limit,
+                "{kind} {name}: {} > {limit}",
+                name.len()
+            );
+        }
     }
 
     #[test]

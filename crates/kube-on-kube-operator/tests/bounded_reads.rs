@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{OperatorProcess, condition_of, kwok_cluster, wait_cluster};
+use common::{OperatorProcess, condition_of, kwok_minimal_cluster, wait_cluster};
 use futures::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -82,11 +82,17 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
     let noisy_api: Api<Cluster> = Api::namespaced(client.clone(), &noisy);
     let quiet_api: Api<Cluster> = Api::namespaced(client.clone(), &quiet);
     noisy_api
-        .create(&PostParams::default(), &kwok_cluster(&noisy, "noisy"))
+        .create(
+            &PostParams::default(),
+            &kwok_minimal_cluster(&noisy, "noisy"),
+        )
         .await
         .expect("create");
     quiet_api
-        .create(&PostParams::default(), &kwok_cluster(&quiet, "quiet"))
+        .create(
+            &PostParams::default(),
+            &kwok_minimal_cluster(&quiet, "quiet"),
+        )
         .await
         .expect("create");
     wait_cluster(
@@ -152,7 +158,10 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
         .expect("annotate");
     // Meanwhile another tenant creates a Cluster.
     quiet_api
-        .create(&PostParams::default(), &kwok_cluster(&quiet, "quiet-2"))
+        .create(
+            &PostParams::default(),
+            &kwok_minimal_cluster(&quiet, "quiet-2"),
+        )
         .await
         .expect("create");
 
@@ -282,7 +291,7 @@ async fn add_on_templates_are_read_only_for_used_add_ons_and_within_the_limits()
             ..Config::default()
         },
     ));
-    let mut cluster = kwok_cluster(&ns, "c");
+    let mut cluster = kwok_minimal_cluster(&ns, "c");
     cluster.spec.addons =
         serde_json::from_value(json!([{"name": "demo", "version": "1.0.0"}])).expect("addons");
     let names = Names::new(&cluster, "cluster.local");

@@ -4,11 +4,14 @@
 //! its own process, so its peak memory (VmHWM) is its own; the test prints the
 //! time and the peak and asserts bounds on both.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::kwok_cluster;
 use futures::future::join_all;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -19,21 +22,6 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ClusterMode;
 
 const CLUSTERS: usize = 50;
-
-fn cluster(namespace: &str, name: &str) -> Cluster {
-    let mut c: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
-            .expect("example");
-    c.metadata.namespace = Some(namespace.into());
-    c.metadata.name = Some(name.into());
-    c.spec.mode = ClusterMode::Production;
-    // kwok nodes carry no control-plane label, and no provisioner serves claims.
-    c.spec.placement = None;
-    c.spec.etcd.storage =
-        serde_json::from_value(serde_json::json!({"volumeSource": {"emptyDir": {}}}))
-            .expect("storage");
-    c
-}
 
 /// The operator as a child process, killed when this is dropped (and by the
 /// kernel if the test binary dies first).
@@ -149,7 +137,7 @@ async fn fifty_clusters_applied_at_once_all_reach_their_objects() {
     let started = Instant::now();
     let created = join_all(names.iter().map(|name| {
         let clusters = clusters.clone();
-        let c = cluster(&ns, name);
+        let c = kwok_cluster(ClusterMode::Production, &ns, name);
         async move { clusters.create(&PostParams::default(), &c).await }
     }))
     .await;

@@ -3,34 +3,21 @@
 //! objects it owns appear with owner references, status reports every
 //! component, and deleting the Cluster garbage-collects everything.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{condition, context, kwok_cluster};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
 use kube_on_kube_api::cluster::ClusterMode;
 use kube_on_kube_api::{Cluster, ClusterStatus};
 use kube_on_kube_operator::controller::{Config, Context, WATCHED_RECHECK, reconcile};
-
-fn example(mode: ClusterMode, namespace: &str, name: &str) -> Cluster {
-    let mut c: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
-            .expect("example");
-    c.metadata.namespace = Some(namespace.into());
-    c.metadata.name = Some(name.into());
-    c.spec.mode = mode;
-    // kwok nodes carry no control-plane label, and no provisioner serves claims.
-    c.spec.placement = None;
-    c.spec.etcd.storage =
-        serde_json::from_value(serde_json::json!({"volumeSource": {"emptyDir": {}}}))
-            .expect("storage");
-    c
-}
 
 async fn converge(
     ctx: &Arc<Context>,
@@ -57,29 +44,6 @@ async fn converge(
     }
 }
 
-/// The controller's context, as the operator builds it.
-fn context(client: &kube::Client) -> Arc<Context> {
-    context_with(client, Config::default())
-}
-
-fn context_with(client: &kube::Client, config: Config) -> Arc<Context> {
-    Arc::new(Context::new(
-        client.clone(),
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "test".into(),
-                instance: None,
-            },
-        ),
-        config,
-    ))
-}
-
-fn condition(c: &Cluster, type_: &str) -> Option<String> {
-    Some(c.status.as_ref()?.condition(type_)?.status.clone())
-}
-
 /// Every condition of the control plane True (add-ons need a business API,
 /// which kwok's Pods do not serve).
 fn control_plane_ready(c: &Cluster) -> bool {
@@ -93,11 +57,11 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("kwok-cluster").await;
-    let ctx = context(&client);
+    let ctx = context(&client, Config::default());
     let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
-        &example(ClusterMode::Production, &ns, "prod"),
+        &kwok_cluster(ClusterMode::Production, &ns, "prod"),
     )
     .await
     .expect("create");
@@ -282,9 +246,9 @@ async fn a_cluster_waiting_for_its_pods_is_woken_by_them_not_polled() {
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace("kwok-wake").await;
-    let ctx = context(&client);
+    let ctx = context(&client, Config::default());
     let label = format!("kubeonkube.io/test-wake-{ns}");
-    let mut cluster = example(ClusterMode::Minimal, &ns, "stuck");
+    let mut cluster = kwok_cluster(ClusterMode::Minimal, &ns, "stuck");
     cluster.spec.placement = Some(kube_on_kube_api::cluster::Placement {
         node_selector: [(label.clone(), "yes".to_string())].into(),
         tolerations: Vec::new(),
@@ -501,7 +465,7 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
     let ns = env.namespace("kwok-addon-retry").await;
     // kwok's Pods serve no business API: the add-on step keeps failing, and
     // is retried after 10 ms, doubling.
-    let ctx = context_with(
+    let ctx = context(
         &client,
         Config {
             addon_retry: Duration::from_millis(10),
@@ -511,7 +475,7 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
     let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     api.create(
         &PostParams::default(),
-        &example(ClusterMode::Minimal, &ns, "waits"),
+        &kwok_cluster(ClusterMode::Minimal, &ns, "waits"),
     )
     .await
     .expect("create");

@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{OperatorProcess, condition_of, event_notes, kwok_cluster, wait_cluster};
+use common::{OperatorProcess, condition_of, event_notes, kwok_minimal_cluster, wait_cluster};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kok_testenv::kube_env::KubeEnv;
@@ -85,18 +85,18 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
     for (name, path) in &refused_paths {
         api.create(
             &PostParams::default(),
-            &on_host_path(kwok_cluster(&ns, name), path),
+            &on_host_path(kwok_minimal_cluster(&ns, name), path),
         )
         .await
         .expect("create");
     }
-    let mut evil_image = kwok_cluster(&ns, "evil-image");
+    let mut evil_image = kwok_minimal_cluster(&ns, "evil-image");
     evil_image.spec.api_server.component.image =
         Some("evil.example.com/kube-apiserver:v1.35.4".into());
     api.create(&PostParams::default(), &evil_image)
         .await
         .expect("create");
-    let mut evil_addon = kwok_cluster(&ns, "evil-addon");
+    let mut evil_addon = kwok_minimal_cluster(&ns, "evil-addon");
     evil_addon.spec.addons = serde_json::from_value(json!([
         {"name": "node-operator", "version": "0.1.0", "values": {"image": "registry.example.com/kubex/no:1"}}
     ]))
@@ -105,7 +105,7 @@ async fn a_disallowed_host_path_or_image_gets_the_condition_and_no_pod() {
         .await
         .expect("create");
     let good_path = format!("{PREFIX}/{ns}/good");
-    let mut good = on_host_path(kwok_cluster(&ns, "good"), &format!("{good_path}/"));
+    let mut good = on_host_path(kwok_minimal_cluster(&ns, "good"), &format!("{good_path}/"));
     good.spec.etcd.component.image = Some(format!("{REGISTRY}etcd:3.6.16-0"));
     api.create(&PostParams::default(), &good)
         .await
@@ -234,7 +234,7 @@ async fn a_running_cluster_whose_image_turns_disallowed_is_left_as_it_runs() {
     let ns = env.namespace("policy-running").await;
     let mut operator = OperatorProcess::start(&ns, &flags(&ns));
     let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
-    api.create(&PostParams::default(), &kwok_cluster(&ns, "live"))
+    api.create(&PostParams::default(), &kwok_minimal_cluster(&ns, "live"))
         .await
         .expect("create");
     wait_cluster(

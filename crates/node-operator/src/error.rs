@@ -97,6 +97,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the business API server refused a write of the Machine's
+    /// objects (see [`kok_common::apply::refused`]): its message goes into the
+    /// Machine's status with the reason `ObjectRejected`.
+    pub fn rejected(&self) -> bool {
+        match self {
+            Error::Kube(e) | Error::Common(kok_common::Error::Api(e)) => {
+                kok_common::apply::refused(e)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether retrying without a change to the Machine (or its Secret,
     /// PackageVersions, host) cannot help, so the reconcile waits for one
     /// rather than hammering the host.
@@ -136,5 +148,29 @@ impl Error {
             Error::ClusterInfo(_) => "cluster_info",
             Error::DrainTimeout { .. } => "drain_timeout",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "code": code,
+            "message": "secrets \"bootstrap-token-abc\" is forbidden: exceeded quota"
+        }))
+        .expect("status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn a_refused_write_is_rejected_and_says_why() {
+        let refused = Error::Kube(api_error(403));
+        assert!(refused.rejected());
+        assert!(refused.to_string().contains("exceeded quota"), "{refused}");
+        assert!(Error::Common(kok_common::Error::Api(api_error(422))).rejected());
+        assert!(!Error::Kube(api_error(409)).rejected());
+        assert!(!Error::Kube(api_error(503)).rejected());
     }
 }

@@ -111,6 +111,7 @@ async fn fail(machine: &Machine, ctx: &Context, st: &mut MachineStatus, error: &
         Error::DrainTimeout { .. } => (NODE_READY, "DrainTimeout"),
         Error::ClusterInfo(_) => (NODE_READY, "BootstrapUnavailable"),
         Error::InvalidSpec { .. } => (PACKAGES_INSTALLED, "InvalidSpec"),
+        e if e.rejected() => (PACKAGES_INSTALLED, "ObjectRejected"),
         _ => (PACKAGES_INSTALLED, "InstallFailed"),
     };
     status::set(st, generation, condition, false, reason, error.to_string());

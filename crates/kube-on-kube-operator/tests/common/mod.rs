@@ -17,9 +17,11 @@ use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
 use kok_testenv::wait::wait_for;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, Placement};
+use kube_on_kube_operator::controller::{Config, Context};
 use serde_json::json;
 
 /// The node-operator binary, for the image of its Deployment:
@@ -145,6 +147,37 @@ pub fn test_cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {
     }}))
     .expect("storage");
     cluster
+}
+
+/// The production example as Cluster `name` in `ns` for kwok nodes: they
+/// carry no control-plane label, and no provisioner serves claims.
+pub fn kwok_cluster(mode: ClusterMode, ns: &str, name: &str) -> Cluster {
+    let mut c: Cluster =
+        serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+            .expect("example");
+    c.metadata.namespace = Some(ns.into());
+    c.metadata.name = Some(name.into());
+    c.spec.mode = mode;
+    c.spec.placement = None;
+    c.spec.etcd.storage =
+        serde_json::from_value(json!({"volumeSource": {"emptyDir": {}}})).expect("storage");
+    c
+}
+
+/// The controller's context, as the operator builds it, for tests that call
+/// the reconcile themselves.
+pub fn context(client: &Client, config: Config) -> Arc<Context> {
+    Arc::new(Context::new(
+        client.clone(),
+        Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        config,
+    ))
 }
 
 pub fn condition(c: &Cluster, type_: &str) -> Option<String> {
@@ -609,7 +642,7 @@ impl Drop for OperatorProcess {
 
 /// A Minimal Cluster `name` in `ns` for kwok nodes: no placement, etcd on
 /// `emptyDir`.
-pub fn kwok_cluster(ns: &str, name: &str) -> Cluster {
+pub fn kwok_minimal_cluster(ns: &str, name: &str) -> Cluster {
     let mut c: Cluster =
         serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
             .expect("example");
