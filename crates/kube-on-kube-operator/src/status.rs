@@ -28,6 +28,10 @@ pub struct Observed<'a> {
     pub certificates_expire_at: Option<Timestamp>,
     /// Why the PKI step could not finish, if it could not.
     pub certificates_error: Option<String>,
+    /// A certificate authority or the service-account key is missing or
+    /// changed and kept from being replaced: the reason and message (see
+    /// [`crate::authorities`]). The control plane runs on meanwhile.
+    pub certificates_held: Option<(&'static str, String)>,
     /// Add-ons: None while not attempted yet, else how applying them went.
     pub addons: Option<crate::addons::Report>,
     pub version: &'a str,
@@ -221,16 +225,21 @@ pub fn build(
             components.scheduler.ready
         ),
     );
-    let certs_ok = set(
-        CERTIFICATES_READY,
-        observed.certificates_error.is_none(),
-        "Issued",
-        "IssueFailed",
-        observed
-            .certificates_error
-            .clone()
-            .unwrap_or_else(|| "every certificate is issued and current".into()),
-    );
+    let certs_ok = match &observed.certificates_held {
+        Some((reason, message)) if observed.certificates_error.is_none() => {
+            set(CERTIFICATES_READY, false, reason, reason, message.clone())
+        }
+        _ => set(
+            CERTIFICATES_READY,
+            observed.certificates_error.is_none(),
+            "Issued",
+            "IssueFailed",
+            observed
+                .certificates_error
+                .clone()
+                .unwrap_or_else(|| "every certificate is issued and current".into()),
+        ),
+    };
     let addons_ok = match &observed.addons {
         Some(report) => set(
             ADDONS_READY,
@@ -348,6 +357,8 @@ pub fn build(
         endpoint: Some(observed.endpoint.clone()),
         admin_kubeconfig_secret: Some(names.kubeconfig_secret("admin")),
         certificates_expire_at: observed.certificates_expire_at.map(Time),
+        // Written by the PKI step under its own field manager.
+        certificate_authorities: None,
     }
 }
 
@@ -409,6 +420,7 @@ mod tests {
                 endpoint: "https://x:6443".into(),
                 certificates_expire_at: None,
                 certificates_error: None,
+                certificates_held: None,
                 addons: Some(crate::addons::Report {
                     ready: true,
                     reason: "Applied",
@@ -454,6 +466,7 @@ mod tests {
                 endpoint: "https://x:6443".into(),
                 certificates_expire_at: None,
                 certificates_error: None,
+                certificates_held: None,
                 addons: None,
                 version: "1.35.4",
                 etcd_version: "3.6.16",
