@@ -254,9 +254,11 @@ async fn a_tampered_kubeconfig_sends_the_operators_credentials_nowhere() {
     let client = env.client().await;
     let ns = env.namespace("tenant-kubeconfig").await;
     // The token a tenant would have the operator read (its own
-    // ServiceAccount token in a real deployment): a marker here.
+    // ServiceAccount token in a real deployment): a marker here, where the
+    // operator's Pod sees it (a Pod's /tmp is its own; the machine's other
+    // top-level directories show through).
     let marker = format!("kok-marker-token-{ns}");
-    let token_file = format!("/tmp/{ns}-token");
+    let token_file = format!("/var/tmp/{ns}-token");
     std::fs::write(&token_file, &marker).expect("marker token");
     let started = Instant::now();
     ready_cluster(&client, &ns, "ci").await;
