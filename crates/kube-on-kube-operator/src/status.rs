@@ -96,6 +96,9 @@ pub fn with_addons(
         return None;
     }
     let mut status = cluster.status.clone()?;
+    // Owned by the PKI step's own field manager: written from a copy that
+    // may be older, it could set back a record just made.
+    status.certificate_authorities = None;
     conditions::set(
         &mut status.conditions,
         Desired {
@@ -448,6 +451,57 @@ mod tests {
             s.admin_kubeconfig_secret.as_deref(),
             Some("ci-admin-kubeconfig")
         );
+    }
+
+    #[test]
+    fn a_held_authority_is_the_certificates_condition_and_degrades_a_running_cluster() {
+        let mut c = cluster();
+        c.status = Some(ClusterStatus {
+            phase: Some(ClusterPhase::Running),
+            ..Default::default()
+        });
+        let n = Names::new(&c, "cluster.local");
+        let pods = [ready_pod("ci-etcd-0", true)];
+        let d = deployment(1);
+        let s = build(
+            &c,
+            &n,
+            &Observed {
+                etcd_pods: &pods,
+                apiserver: Some(&d),
+                controller_manager: Some(&d),
+                scheduler: Some(&d),
+                endpoint: "https://x:6443".into(),
+                certificates_expire_at: None,
+                certificates_error: None,
+                certificates_held: Some((
+                    "CertificateAuthorityMissing",
+                    "Secret ci-ca … is missing".into(),
+                )),
+                addons: None,
+                version: "1.35.4",
+                etcd_version: "3.6.16",
+                upgrade: None,
+                etcd: None,
+            },
+            Timestamp::UNIX_EPOCH,
+        );
+        let certs = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CERTIFICATES_READY)
+            .expect("CertificatesReady");
+        assert_eq!(
+            (certs.status.as_str(), certs.reason.as_str()),
+            ("False", "CertificateAuthorityMissing")
+        );
+        assert_eq!(certs.message, "Secret ci-ca … is missing");
+        assert_eq!(s.phase, Some(ClusterPhase::Degraded));
+        assert!(!kok_common::conditions::is_true(&s.conditions, READY));
+        assert!(kok_common::conditions::is_true(
+            &s.conditions,
+            APISERVER_READY
+        ));
     }
 
     #[test]
