@@ -471,6 +471,39 @@ pub struct ClusterStatus {
     /// Earliest expiry among the leaf certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates_expire_at: Option<Time>,
+    /// Fingerprints of the certificate authorities and the service-account
+    /// key as first made or found. Once recorded, a Secret that goes missing
+    /// or holds another one is not replaced (see
+    /// [`REPLACE_AUTHORITIES_ANNOTATION`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_authorities: Option<AuthorityFingerprints>,
+}
+
+/// Annotation on a Cluster that allows one recorded certificate authority or
+/// service-account key to be replaced: a comma-separated list of the recorded
+/// fingerprints (`sha256:…`, as in `status.certificateAuthorities`) the user
+/// gives up. Naming the old fingerprint makes it a one-time action: once the
+/// new one is recorded, the annotation no longer matches anything.
+pub const REPLACE_AUTHORITIES_ANNOTATION: &str = "kubeonkube.io/replace-authorities";
+
+/// SHA-256 fingerprints (`sha256:<hex>`) of a Cluster's certificate
+/// authorities (of the DER certificate) and service-account key (of the DER
+/// public key).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorityFingerprints {
+    /// The cluster CA (`<cluster>-ca`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The etcd CA (`<cluster>-etcd-ca`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<String>,
+    /// The front-proxy CA (`<cluster>-front-proxy-ca`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_proxy: Option<String>,
+    /// The service-account signing key (`<cluster>-sa`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
 }
 
 /// Longest Cluster name: the longest name derived from it,

@@ -16,7 +16,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
 use kube::runtime::events::EventType;
@@ -44,29 +43,58 @@ pub const RESYNC: Duration = Duration::from_secs(30 * 60);
 /// CRD deletes every object of it, and a Namespace everything in it.
 const KEPT_KINDS: [&str; 2] = ["CustomResourceDefinition", "Namespace"];
 
-/// A client of the business cluster as its admin, through the internal Service.
+/// A client of the business cluster as its admin, through the internal
+/// Service, built from nothing but what the operator issued: the cluster CA
+/// (the one recorded in the Cluster's status, `ca_fingerprint`), the admin
+/// client certificate and key (signed by that CA) and the URL the operator
+/// computes. The tenant can edit the kubeconfig Secret, so nothing else of it
+/// is read: no token, token file, exec plugin, auth provider, proxy or
+/// `insecure-skip-tls-verify`, and no proxy from the environment either; the
+/// server's certificate is always checked against the cluster CA.
 pub async fn business_client(
     names: &Names,
     secrets: &BTreeMap<String, Secret>,
+    ca_fingerprint: Option<&str>,
 ) -> Result<Client, String> {
-    let secret = names.kubeconfig_secret("admin");
-    let text = secrets
-        .get(&secret)
+    use base64::Engine;
+    let ca_secret = names.ca_secret();
+    let ca_pem = secrets
+        .get(&ca_secret)
         .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get(kubeconfig::KEY))
+        .and_then(|d| d.get(secrets::CERT))
         .map(|v| String::from_utf8_lossy(&v.0).to_string())
-        .ok_or_else(|| format!("secret {secret} has no kubeconfig yet"))?;
-    let mut parsed = Kubeconfig::from_yaml(&text).map_err(|e| format!("secret {secret}: {e}"))?;
-    for cluster in parsed
-        .clusters
-        .iter_mut()
-        .filter_map(|c| c.cluster.as_mut())
-    {
-        cluster.server = Some(internal_api_url(names));
+        .ok_or_else(|| format!("secret {ca_secret} has no CA certificate"))?;
+    let fingerprint = crate::pki::certificate_fingerprint(&ca_pem)
+        .map_err(|e| format!("secret {ca_secret}: {e}"))?;
+    if ca_fingerprint != Some(fingerprint.as_str()) {
+        return Err(format!(
+            "secret {ca_secret} does not hold the recorded cluster CA ({})",
+            ca_fingerprint.unwrap_or("none recorded yet")
+        ));
     }
-    let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("secret {secret}: {e}"))?;
+    let secret = names.kubeconfig_secret("admin");
+    let admin = secrets
+        .get(&secret)
+        .and_then(secrets::stored_kubeconfig)
+        .ok_or_else(|| format!("secret {secret} has no client certificate and key yet"))?;
+    crate::pki::check_client(
+        &admin.cert_pem,
+        &admin.key_pem,
+        &ca_pem,
+        time::OffsetDateTime::now_utc(),
+    )
+    .map_err(|e| format!("secret {secret}: {e}"))?;
+    let url = internal_api_url(names);
+    let mut config = kube::Config::new(url.parse().map_err(|e| format!("{url}: {e}"))?);
+    config.root_cert = Some(vec![
+        crate::pki::certificate_der(&ca_pem).map_err(|e| e.to_string())?,
+    ]);
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    config.auth_info = serde_json::from_value(serde_json::json!({
+        "client-certificate-data": b64(&admin.cert_pem),
+        "client-key-data": b64(&admin.key_pem),
+    }))
+    .map_err(|e| e.to_string())?;
     // The internal Service is in the operator's own network: a connection
     // that is not made within a second will not be made. Waiting longer
     // only holds a reconcile worker (of `--concurrency`) away from the
@@ -179,6 +207,9 @@ pub struct Inputs<'a> {
     pub secrets: &'a BTreeMap<String, Secret>,
     /// URL kubelets and users reach the business API at.
     pub endpoint: &'a str,
+    /// Fingerprint of the cluster CA recorded in the Cluster's status: the
+    /// only CA the business API client trusts.
+    pub ca_fingerprint: Option<&'a str>,
 }
 
 /// Resolved kinds of one pass, so each group-version is discovered once.
@@ -486,7 +517,7 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     // One cheap request first, so an unreachable API costs one timeout, not
     // one per add-on, and no read of the meta-cluster (a Cluster whose
     // business API is down keeps retrying this step).
-    let business = match business_client(names, inputs.secrets).await {
+    let business = match business_client(names, inputs.secrets, inputs.ca_fingerprint).await {
         Ok(c) => match c.apiserver_version().await {
             Ok(_) => c,
             Err(e) => {

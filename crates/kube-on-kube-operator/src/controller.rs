@@ -21,7 +21,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::ExposureType;
+use kube_on_kube_api::cluster::{AuthorityFingerprints, ExposureType};
 use kube_on_kube_api::shared::CLUSTER_LABEL;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,7 +33,7 @@ use crate::names::{Component, Names};
 use crate::render::config_hash;
 use crate::render::control_plane;
 use crate::render::etcd;
-use crate::{Error, addons, certs, rollout, secrets, status};
+use crate::{Error, addons, authorities, certs, rollout, secrets, status};
 
 /// Finalizer through which a deleted Cluster's processes are stopped at once
 /// rather than each after its own graceful shutdown (see [`teardown`]).
@@ -526,6 +526,149 @@ pub(crate) async fn publish_related(
     }
 }
 
+/// Field manager of `status.certificateAuthorities`: written apart from
+/// the rest of the status, which every pass applies whole.
+const AUTHORITIES_MANAGER: &str = "kube-on-kube-operator-authorities";
+
+/// The authorities recorded in the Cluster's status. Read fresh while the
+/// record is incomplete: the Cluster the reconcile was handed may predate
+/// the pass that recorded them, and an authority missing from the record
+/// would be made again.
+async fn recorded_authorities(
+    clusters: &Api<Cluster>,
+    cluster: &Cluster,
+) -> Result<AuthorityFingerprints, Error> {
+    let of = |c: &Cluster| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.certificate_authorities.clone())
+            .unwrap_or_default()
+    };
+    let cached = of(cluster);
+    let complete = [
+        &cached.cluster,
+        &cached.etcd,
+        &cached.front_proxy,
+        &cached.service_account,
+    ]
+    .iter()
+    .all(|f| f.is_some());
+    if complete {
+        return Ok(cached);
+    }
+    let fresh = clusters
+        .get_status(&cluster.name_any())
+        .await
+        .map_err(Error::Kube)?;
+    Ok(of(&fresh))
+}
+
+/// Record what the PKI step used or made (a held authority keeps its
+/// record); the record as it now stands.
+async fn record_authorities(
+    clusters: &Api<Cluster>,
+    names: &Names,
+    recorded: &AuthorityFingerprints,
+    outcome: &secrets::Outcome,
+) -> Result<AuthorityFingerprints, Error> {
+    let used = &outcome.authorities;
+    let pick = |new: &Option<String>, old: &Option<String>| new.clone().or_else(|| old.clone());
+    let record = AuthorityFingerprints {
+        cluster: pick(&used.cluster, &recorded.cluster),
+        etcd: pick(&used.etcd, &recorded.etcd),
+        front_proxy: pick(&used.front_proxy, &recorded.front_proxy),
+        service_account: pick(&used.service_account, &recorded.service_account),
+    };
+    if record != *recorded {
+        let status = serde_json::json!({ "certificateAuthorities": record });
+        kok_common::apply::apply_status(clusters, AUTHORITIES_MANAGER, &names.cluster, &status)
+            .await?;
+    }
+    Ok(record)
+}
+
+/// The CertificatesReady condition's reason and message while authorities
+/// are held.
+fn held_condition(held: &[authorities::Held]) -> Option<(&'static str, String)> {
+    let first = held.first()?;
+    let messages: Vec<&str> = held.iter().map(|h| h.message.as_str()).collect();
+    Some((first.reason, messages.join("; ")))
+}
+
+/// Events of the PKI step: certificates rotated, kubeconfigs rewritten,
+/// authorities held (once, when the condition does not say so yet) or
+/// replaced.
+async fn pki_events(ctx: &Context, cluster: &Cluster, outcome: &secrets::Outcome) {
+    let named = |keep: &dyn Fn(&str) -> bool| -> Vec<String> {
+        outcome
+            .changes
+            .iter()
+            .filter(|c| keep(c.reason))
+            .filter_map(|c| c.secret.metadata.name.clone())
+            .collect()
+    };
+    let renewed = named(&|r| !["Created", "Replaced", secrets::TAMPERED].contains(&r));
+    if !renewed.is_empty() {
+        publish(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "CertificatesRotated",
+            "RotateCertificates",
+            format!("reissued {}", renewed.join(", ")),
+        )
+        .await;
+    }
+    let rewritten = named(&|r| r == secrets::TAMPERED);
+    if !rewritten.is_empty() {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "KubeconfigRewritten",
+            "RewriteKubeconfig",
+            format!(
+                "{} did not hold what the operator issued (fields added or changed) and were issued again",
+                rewritten.join(", ")
+            ),
+        )
+        .await;
+    }
+    let shown = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.condition(status::CERTIFICATES_READY))
+        .map(|c| (c.reason.as_str(), c.message.as_str()));
+    if let Some((reason, message)) = held_condition(&outcome.held)
+        && shown != Some((reason, message.as_str()))
+    {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            reason,
+            "KeepCertificateAuthorities",
+            message,
+        )
+        .await;
+    }
+    for which in &outcome.replaced {
+        publish(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "CertificateAuthorityReplaced",
+            "ReplaceCertificateAuthority",
+            format!(
+                "the {} was replaced as the Cluster's {} annotation allowed",
+                which.label(),
+                kube_on_kube_api::cluster::REPLACE_AUTHORITIES_ANNOTATION
+            ),
+        )
+        .await;
+    }
+}
+
 /// Converge one Cluster. A namespace holding more of its labelled objects
 /// than the operator reads is reported on the Cluster (see [`limited`]); a
 /// write that was refused is shown on the Cluster (see [`crate::refused`])
@@ -681,6 +824,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 .and_then(|s| s.certificates_expire_at.clone())
                 .map(|t| t.0),
             certificates_error: None,
+            certificates_held: None,
             addons: None,
             version: &version,
             etcd_version: &etcd_version,
@@ -717,9 +861,12 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         .unwrap_or(Duration::from_secs(30 * 24 * 3600));
     let internal_url = control_plane::internal_api_url(&names);
     let now = OffsetDateTime::now_utc();
+    let mut record = recorded_authorities(&clusters, &cluster).await?;
+    let mut held = Vec::new();
     let (all_secrets, expiry, certificates_error) = match certs::plan(&cluster, &names, &ips) {
         Err(e) => (existing.clone(), None, Some(e.to_string())),
         Ok(plan) => {
+            let replace = authorities::replaceable(cluster.metadata.annotations.as_ref());
             let inputs = secrets::Inputs {
                 cluster: &cluster,
                 names: &names,
@@ -729,6 +876,9 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 renew_before,
                 external_url: &endpoint,
                 internal_url: &internal_url,
+                previous_endpoint: cluster.status.as_ref().and_then(|s| s.endpoint.as_deref()),
+                recorded: &record,
+                replace: &replace,
             };
             match secrets::reconcile(&inputs, &plan) {
                 Err(e) => (existing.clone(), None, Some(e.to_string())),
@@ -736,23 +886,11 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                     for change in &outcome.changes {
                         apply(&secrets_api, &change.secret).await?;
                     }
-                    let renewed: Vec<String> = outcome
-                        .changes
-                        .iter()
-                        .filter(|c| c.reason != "Created")
-                        .filter_map(|c| c.secret.metadata.name.clone())
-                        .collect();
-                    if !renewed.is_empty() {
-                        publish(
-                            &ctx,
-                            &cluster,
-                            EventType::Normal,
-                            "CertificatesRotated",
-                            "RotateCertificates",
-                            format!("reissued {}", renewed.join(", ")),
-                        )
-                        .await;
-                    }
+                    // Recorded once the Secrets are written: a record of a
+                    // CA whose Secret was never written would hold it forever.
+                    record = record_authorities(&clusters, &names, &record, &outcome).await?;
+                    pki_events(&ctx, &cluster, &outcome).await;
+                    held = outcome.held;
                     (
                         secrets::merged(&existing, &outcome.changes),
                         outcome.earliest_expiry,
@@ -762,6 +900,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
             }
         }
     };
+    let certificates_held = held_condition(&held);
     if let Some(error) = &certificates_error {
         publish(
             &ctx,
@@ -800,6 +939,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         etcd_settled,
         etcd_report.ready,
         &etcd_version,
+        certificates_held.is_some(),
     )
     .await?;
 
@@ -812,7 +952,11 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         > 0;
     // Add-ons follow the control plane: not while it upgrades or refuses a version.
     let mut addons_wait = None;
-    let addons = if api_ready && certificates_error.is_none() && upgrade_plan.addons {
+    let addons = if api_ready
+        && certificates_error.is_none()
+        && certificates_held.is_none()
+        && upgrade_plan.addons
+    {
         let key = names.key();
         let generation = cluster.metadata.generation;
         Some(if let Some(report) = retried {
@@ -827,6 +971,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 names: &names,
                 secrets: &all_secrets,
                 endpoint: &endpoint,
+                ca_fingerprint: record.cluster.as_deref(),
             };
             let report = addons::reconcile(&ctx, &inputs).await;
             kok_common::metrics::global().addon_attempt(false);
@@ -853,6 +998,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         endpoint,
         certificates_expire_at: expiry.map(to_jiff),
         certificates_error,
+        certificates_held,
         addons,
         version: &version,
         etcd_version: &etcd_version,
@@ -1003,6 +1149,11 @@ async fn retry_addons(
         names,
         secrets: &wait.secrets,
         endpoint: &wait.endpoint,
+        ca_fingerprint: cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.certificate_authorities.as_ref())
+            .and_then(|r| r.cluster.as_deref()),
     };
     let report = addons::reconcile(ctx, &inputs).await;
     kok_common::metrics::global().addon_attempt(true);

@@ -5,6 +5,7 @@
 pub mod addon_wait;
 pub mod addons;
 pub mod applied;
+pub mod authorities;
 pub mod bounded;
 pub mod certs;
 pub mod controller;

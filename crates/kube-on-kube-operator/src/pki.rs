@@ -278,6 +278,122 @@ pub fn new_service_account_key() -> Result<(String, String), PkiError> {
     Ok((key.serialize_pem(), key.public_key_pem()))
 }
 
+/// `sha256:<hex>` of `der`: how certificate authorities and the
+/// service-account key are recorded.
+pub fn fingerprint(der: &[u8]) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(der);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// The DER bytes of the first PEM block of `pem` with label `label`.
+fn pem_der(pem: &str, label: &'static str) -> Result<Vec<u8>, PkiError> {
+    let parse = |message: String| PkiError::Parse {
+        what: label,
+        message,
+    };
+    let (_, block) =
+        x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| parse(e.to_string()))?;
+    if block.label != label {
+        return Err(parse(format!("a {} block, not {label}", block.label)));
+    }
+    Ok(block.contents)
+}
+
+/// The DER encoding of a PEM certificate.
+pub fn certificate_der(cert_pem: &str) -> Result<Vec<u8>, PkiError> {
+    pem_der(cert_pem, "CERTIFICATE")
+}
+
+/// Fingerprint of a PEM certificate (of its DER encoding).
+pub fn certificate_fingerprint(cert_pem: &str) -> Result<String, PkiError> {
+    Ok(fingerprint(&certificate_der(cert_pem)?))
+}
+
+/// Fingerprint of a PEM public key (of its DER SubjectPublicKeyInfo).
+pub fn public_key_fingerprint(public_pem: &str) -> Result<String, PkiError> {
+    Ok(fingerprint(&pem_der(public_pem, "PUBLIC KEY")?))
+}
+
+/// Check that `key_pem` is the private key of the public key `public`
+/// (a parsed SubjectPublicKeyInfo).
+fn key_is_for(
+    key_pem: &str,
+    public: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
+) -> Result<(), PkiError> {
+    use rcgen::PublicKeyData as _;
+    let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::Parse {
+        what: "private key",
+        message: e.to_string(),
+    })?;
+    if key.der_bytes() == &*public.subject_public_key.data {
+        Ok(())
+    } else {
+        Err(PkiError::Parse {
+            what: "private key",
+            message: "it is not the key of the certificate or public key beside it".into(),
+        })
+    }
+}
+
+/// Check a certificate authority as stored: its certificate is a CA and
+/// `key_pem` is its key. Returns the certificate's fingerprint.
+pub fn check_authority(cert_pem: &str, key_pem: &str) -> Result<String, PkiError> {
+    let der = pem_der(cert_pem, "CERTIFICATE")?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| PkiError::Parse {
+        what: "CA certificate",
+        message: e.to_string(),
+    })?;
+    if !cert.is_ca() {
+        return Err(PkiError::Parse {
+            what: "CA certificate",
+            message: "it is not a certificate authority".into(),
+        });
+    }
+    key_is_for(key_pem, cert.public_key())?;
+    Ok(fingerprint(&der))
+}
+
+/// Check a service-account key pair as stored: `public_pem` is the public key
+/// of `key_pem`. Returns the public key's fingerprint.
+pub fn check_key_pair(key_pem: &str, public_pem: &str) -> Result<String, PkiError> {
+    use x509_parser::prelude::FromDer as _;
+    let der = pem_der(public_pem, "PUBLIC KEY")?;
+    let (_, public) =
+        x509_parser::x509::SubjectPublicKeyInfo::from_der(&der).map_err(|e| PkiError::Parse {
+            what: "PUBLIC KEY",
+            message: e.to_string(),
+        })?;
+    key_is_for(key_pem, &public)?;
+    Ok(fingerprint(&der))
+}
+
+/// Check a client certificate and key before they are used: the certificate
+/// was signed by `ca_pem`'s key, is valid at `now`, and `key_pem` is its key.
+pub fn check_client(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+    now: OffsetDateTime,
+) -> Result<(), PkiError> {
+    let bad = |message: String| PkiError::Parse {
+        what: "client certificate",
+        message,
+    };
+    let ca_der = pem_der(ca_pem, "CERTIFICATE")?;
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).map_err(|e| bad(e.to_string()))?;
+    let der = pem_der(cert_pem, "CERTIFICATE")?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| bad(e.to_string()))?;
+    cert.verify_signature(Some(ca.public_key()))
+        .map_err(|e| bad(format!("not signed by the cluster CA: {e}")))?;
+    let validity = cert.validity();
+    if now < validity.not_before.to_datetime() || now > validity.not_after.to_datetime() {
+        return Err(bad("not valid now".into()));
+    }
+    key_is_for(key_pem, cert.public_key())
+}
+
 /// What a stored certificate says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertInfo {

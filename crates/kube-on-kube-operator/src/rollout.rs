@@ -55,6 +55,20 @@ fn component_spec(cluster: &Cluster, component: Component) -> &ComponentSpec {
     }
 }
 
+/// The config hash a Deployment's Pods were made with.
+fn live_hash(deployment: Option<&Deployment>) -> Option<String> {
+    deployment?
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(crate::render::CONFIG_HASH_ANNOTATION)
+        .cloned()
+}
+
 /// Secrets each component mounts (their content goes into its config hash).
 fn mounted_secrets(names: &Names, component: Component) -> Vec<String> {
     match component {
@@ -187,7 +201,8 @@ fn steps<'a>(
 /// Plan and apply the three Deployments. `pods` are the cluster's Pods (etcd
 /// members and control-plane replicas), `etcd_settled` whether etcd runs its
 /// desired version healthy on every member, `etcd_serving` how many members
-/// serve.
+/// serve, `pki_held` whether a certificate authority or the service-account
+/// key is held (see [`crate::authorities`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     ctx: &Context,
@@ -199,6 +214,7 @@ pub async fn reconcile(
     etcd_settled: bool,
     etcd_serving: i32,
     etcd_version: &str,
+    pki_held: bool,
 ) -> Result<Outcome, Error> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let inputs = inputs(
@@ -213,7 +229,13 @@ pub async fn reconcile(
     let plan = upgrade::plan(&inputs);
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();
-        let hash = hash_of(secrets, &mounted_secrets(names, component), image);
+        let mut hash = hash_of(secrets, &mounted_secrets(names, component), image);
+        // A CA or key Secret that is held (missing or changed) would change
+        // the hash and roll the component onto it: the running Pods keep
+        // what they mounted instead.
+        if pki_held && let Some(live) = live_hash(deployments.get(&names.deployment(component))) {
+            hash = live;
+        }
         let desired = render(
             cluster,
             names,

@@ -9,9 +9,10 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube_on_kube_api::cluster::Cluster;
+use kube_on_kube_api::cluster::{AuthorityFingerprints, Cluster};
 use time::OffsetDateTime;
 
+use crate::authorities::{self, Decision, Held, Stored, Which};
 use crate::certs::{Authority, PlannedCert, Target};
 use crate::names::Names;
 use crate::pki::{self, CertInfo, KeyCert, PkiError};
@@ -23,6 +24,12 @@ pub const CERT: &str = "tls.crt";
 pub const KEY: &str = "tls.key";
 /// Data key of the issuing CA in leaf Secrets.
 pub const CA: &str = "ca.crt";
+/// Data keys of the service-account key pair Secret.
+pub const SA_KEY: &str = "sa.key";
+pub const SA_PUB: &str = "sa.pub";
+/// Why a kubeconfig Secret is written again when its content is not what the
+/// operator issued (fields added, another server, CA or key).
+pub const TAMPERED: &str = "Tampered";
 
 /// A Secret to write, and why.
 #[derive(Debug, Clone)]
@@ -38,6 +45,12 @@ pub struct Change {
 pub struct Outcome {
     pub changes: Vec<Change>,
     pub earliest_expiry: Option<OffsetDateTime>,
+    /// Fingerprints of the authorities in use after the changes, to record.
+    pub authorities: AuthorityFingerprints,
+    /// Authorities neither used nor replaced: nothing is issued from them.
+    pub held: Vec<Held>,
+    /// Authorities replaced on the user's word (see [`authorities`]).
+    pub replaced: Vec<Which>,
 }
 
 /// Inputs besides the plan.
@@ -53,6 +66,14 @@ pub struct Inputs<'a> {
     pub external_url: &'a str,
     /// API URL for kubeconfigs of components in the meta-cluster.
     pub internal_url: &'a str,
+    /// The external URL the last pass reported (`status.endpoint`): a user
+    /// kubeconfig still naming it is from before the endpoint moved, any
+    /// other server was put there by someone else.
+    pub previous_endpoint: Option<&'a str>,
+    /// Fingerprints recorded in the Cluster's status.
+    pub recorded: &'a AuthorityFingerprints,
+    /// Recorded fingerprints the user allowed to be replaced.
+    pub replace: &'a [String],
 }
 
 fn data(secret: &Secret, key: &str) -> Option<String> {
@@ -89,140 +110,263 @@ fn secret(inputs: &Inputs<'_>, name: &str, type_: &str, entries: Vec<(&str, Stri
     }
 }
 
-/// Load a CA from its Secret, or create it.
+/// What the Secret `name` holds of `which`: its fingerprint when `check`
+/// accepts the data under `keys`.
+fn stored(
+    inputs: &Inputs<'_>,
+    name: &str,
+    keys: [&str; 2],
+    check: impl Fn(&str, &str) -> Result<String, PkiError>,
+) -> Stored {
+    let Some(existing) = inputs.existing.get(name) else {
+        return Stored::Missing;
+    };
+    match (data(existing, keys[0]), data(existing, keys[1])) {
+        (None, None) => Stored::Missing,
+        (Some(a), Some(b)) => match check(&a, &b) {
+            Ok(fingerprint) => Stored::Found(fingerprint),
+            Err(e) => Stored::Unreadable(e.to_string()),
+        },
+        _ => Stored::Unreadable(format!("it lacks {} or {}", keys[0], keys[1])),
+    }
+}
+
+/// Decide one authority or key; a new one is made with `make`. The key
+/// material to issue from, or None when it is held.
+fn authority(
+    inputs: &Inputs<'_>,
+    which: Which,
+    name: &str,
+    keys: [&str; 2],
+    check: impl Fn(&str, &str) -> Result<String, PkiError>,
+    make: impl Fn() -> Result<(String, String, String), PkiError>,
+    out: &mut Outcome,
+) -> Result<Option<(String, String)>, PkiError> {
+    let stored = stored(inputs, name, keys, check);
+    let decision = authorities::decide(
+        which,
+        name,
+        which.recorded(inputs.recorded),
+        &stored,
+        inputs.replace,
+    );
+    let type_ = if which == Which::ServiceAccount {
+        "Opaque"
+    } else {
+        "kubernetes.io/tls"
+    };
+    let existing = || {
+        let s = inputs.existing.get(name)?;
+        Some((data(s, keys[0])?, data(s, keys[1])?))
+    };
+    match (decision, stored) {
+        (Decision::Hold(held), _) => {
+            out.held.push(held);
+            Ok(None)
+        }
+        (Decision::Use | Decision::Replace, Stored::Found(fingerprint)) => {
+            if matches!(which.recorded(inputs.recorded), Some(r) if r != fingerprint) {
+                out.replaced.push(which);
+            }
+            which.record(&mut out.authorities, fingerprint);
+            Ok(existing())
+        }
+        (decision, _) => {
+            let (first, second, fingerprint) = make()?;
+            let reason = if decision == Decision::Replace {
+                out.replaced.push(which);
+                "Replaced"
+            } else {
+                "Created"
+            };
+            out.changes.push(Change {
+                secret: secret(
+                    inputs,
+                    name,
+                    type_,
+                    vec![(keys[0], first.clone()), (keys[1], second.clone())],
+                ),
+                reason,
+            });
+            which.record(&mut out.authorities, fingerprint);
+            Ok(Some((first, second)))
+        }
+    }
+}
+
+/// Decide one CA: its key and certificate, or None when it is held.
 fn ca(
     inputs: &Inputs<'_>,
+    which: Which,
     name: &str,
     common_name: &str,
     out: &mut Outcome,
-) -> Result<KeyCert, PkiError> {
-    if let Some(existing) = inputs.existing.get(name)
-        && let (Some(cert_pem), Some(key_pem)) = (data(existing, CERT), data(existing, KEY))
-        && pki::inspect(&cert_pem).is_ok()
-    {
-        return Ok(KeyCert { cert_pem, key_pem });
-    }
-    let created = pki::new_ca(common_name, inputs.now)?;
-    out.changes.push(Change {
-        secret: secret(
-            inputs,
-            name,
-            "kubernetes.io/tls",
-            vec![
-                (CERT, created.cert_pem.clone()),
-                (KEY, created.key_pem.clone()),
-            ],
-        ),
-        reason: "Created",
-    });
-    Ok(created)
+) -> Result<Option<KeyCert>, PkiError> {
+    let made = authority(
+        inputs,
+        which,
+        name,
+        [CERT, KEY],
+        pki::check_authority,
+        || {
+            let ca = pki::new_ca(common_name, inputs.now)?;
+            let fingerprint = pki::certificate_fingerprint(&ca.cert_pem)?;
+            Ok((ca.cert_pem, ca.key_pem, fingerprint))
+        },
+        out,
+    )?;
+    Ok(made.map(|(cert_pem, key_pem)| KeyCert { cert_pem, key_pem }))
 }
 
-/// The client certificate inside a kubeconfig Secret, and its server URL.
-fn kubeconfig_cert(existing: &Secret) -> Option<(String, String)> {
+/// A kubeconfig Secret as stored: its client certificate and key, server,
+/// and the whole document, to compare with what the operator would issue.
+#[derive(Debug, Clone)]
+pub struct StoredKubeconfig {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub server: String,
+    pub document: serde_json::Value,
+}
+
+/// Read a kubeconfig Secret: None when it has no kubeconfig the operator
+/// could have written (no text, not YAML, no embedded certificate and key).
+pub fn stored_kubeconfig(existing: &Secret) -> Option<StoredKubeconfig> {
     use base64::Engine;
     let text = data(existing, kubeconfig::KEY)?;
-    let parsed = kube::config::Kubeconfig::from_yaml(&text).ok()?;
-    let server = parsed.clusters.first()?.cluster.as_ref()?.server.clone()?;
-    let cert = parsed
-        .auth_infos
-        .first()?
-        .auth_info
-        .as_ref()?
-        .client_certificate_data
-        .clone()?;
-    let cert = base64::engine::general_purpose::STANDARD
-        .decode(cert)
-        .ok()?;
-    Some((String::from_utf8(cert).ok()?, server))
+    let document: serde_json::Value = serde_norway::from_str(&text).ok()?;
+    let decode = |v: &serde_json::Value| {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str()?)
+            .ok()?;
+        String::from_utf8(bytes).ok()
+    };
+    let user = &document["users"][0]["user"];
+    Some(StoredKubeconfig {
+        cert_pem: decode(&user["client-certificate-data"])?,
+        key_pem: decode(&user["client-key-data"])?,
+        server: document["clusters"][0]["cluster"]["server"]
+            .as_str()?
+            .to_string(),
+        document,
+    })
+}
+
+/// Whether a stored kubeconfig differs from the one the operator issues
+/// (`issued`, rendered with the same certificate and key): any field added
+/// (`tokenFile`, `exec`, `auth-provider`, `proxy-url`,
+/// `insecure-skip-tls-verify`, another user or context), removed or
+/// changed. Compared as documents, so YAML for JSON is no difference.
+pub fn tampered(stored: &serde_json::Value, issued: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(issued).map_or(true, |issued| *stored != issued)
 }
 
 /// Decide every PKI Secret of the cluster.
 pub fn reconcile(inputs: &Inputs<'_>, plan: &[PlannedCert]) -> Result<Outcome, PkiError> {
     let mut out = Outcome::default();
     let names = inputs.names;
-    let cluster_ca = ca(inputs, &names.ca_secret(), "kubernetes", &mut out)?;
-    let etcd_ca = ca(inputs, &names.etcd_ca_secret(), "etcd-ca", &mut out)?;
+    let cluster_ca = ca(
+        inputs,
+        Which::Cluster,
+        &names.ca_secret(),
+        "kubernetes",
+        &mut out,
+    )?;
+    let etcd_ca = ca(
+        inputs,
+        Which::Etcd,
+        &names.etcd_ca_secret(),
+        "etcd-ca",
+        &mut out,
+    )?;
     let front_proxy_ca = ca(
         inputs,
+        Which::FrontProxy,
         &names.front_proxy_ca_secret(),
         "front-proxy-ca",
         &mut out,
     )?;
-    let sa = names.service_account_secret();
-    if inputs
-        .existing
-        .get(&sa)
-        .and_then(|s| data(s, "sa.key"))
-        .is_none()
-    {
-        let (private, public) = pki::new_service_account_key()?;
-        out.changes.push(Change {
-            secret: secret(
-                inputs,
-                &sa,
-                "Opaque",
-                vec![("sa.key", private), ("sa.pub", public)],
-            ),
-            reason: "Created",
-        });
-    }
-    let infos: BTreeMap<Authority, (KeyCert, CertInfo)> = [
+    authority(
+        inputs,
+        Which::ServiceAccount,
+        &names.service_account_secret(),
+        [SA_KEY, SA_PUB],
+        pki::check_key_pair,
+        || {
+            let (private, public) = pki::new_service_account_key()?;
+            let fingerprint = pki::public_key_fingerprint(&public)?;
+            Ok((private, public, fingerprint))
+        },
+        &mut out,
+    )?;
+    // Only the authorities in use: nothing is issued from a held one.
+    let mut infos: BTreeMap<Authority, (KeyCert, CertInfo)> = BTreeMap::new();
+    for (authority, kc) in [
         (Authority::Cluster, cluster_ca),
         (Authority::Etcd, etcd_ca),
         (Authority::FrontProxy, front_proxy_ca),
-    ]
-    .into_iter()
-    .map(|(a, kc)| pki::inspect(&kc.cert_pem).map(|info| (a, (kc, info))))
-    .collect::<Result<_, _>>()?;
+    ] {
+        if let Some(kc) = kc {
+            let info = pki::inspect(&kc.cert_pem)?;
+            infos.insert(authority, (kc, info));
+        }
+    }
 
     for planned in plan {
-        let (ca, ca_info) = &infos[&planned.authority];
-        let (name, current, url) = match &planned.target {
-            Target::TlsSecret(name) => (
-                name,
-                inputs
-                    .existing
-                    .get(name)
-                    .and_then(|s| data(s, CERT))
-                    .map(|c| (c, String::new())),
-                None,
-            ),
+        let target_name = match &planned.target {
+            Target::TlsSecret(name) => name,
+            Target::Kubeconfig { secret, .. } => secret,
+        };
+        let Some((ca, ca_info)) = infos.get(&planned.authority) else {
+            // Its authority is held: the certificate stays as it is.
+            let current = inputs
+                .existing
+                .get(target_name)
+                .and_then(|s| match &planned.target {
+                    Target::TlsSecret(_) => data(s, CERT),
+                    Target::Kubeconfig { .. } => stored_kubeconfig(s).map(|k| k.cert_pem),
+                });
+            if let Some(info) = current.and_then(|c| pki::inspect(&c).ok()) {
+                note_expiry(&mut out, info.not_after);
+            }
+            continue;
+        };
+        let cluster_ca_pem = infos
+            .get(&Authority::Cluster)
+            .map(|(kc, _)| kc.cert_pem.as_str())
+            .unwrap_or_default();
+        let (name, reason, url) = match &planned.target {
+            Target::TlsSecret(name) => {
+                let current = inputs.existing.get(name).and_then(|s| data(s, CERT));
+                let reason = match current {
+                    None => Some("Created"),
+                    Some(cert) => leaf_reason(inputs, &cert, ca_info, planned, &mut out),
+                };
+                (name, reason, None)
+            }
             Target::Kubeconfig { secret, external } => {
                 let url = if *external {
                     inputs.external_url
                 } else {
                     inputs.internal_url
                 };
-                (
-                    secret,
-                    inputs.existing.get(secret).and_then(kubeconfig_cert),
-                    Some(url),
-                )
+                let reason = match inputs.existing.get(secret) {
+                    None => Some("Created"),
+                    Some(existing) => match stored_kubeconfig(existing) {
+                        None => Some(TAMPERED),
+                        Some(stored) => kubeconfig_reason(
+                            inputs,
+                            &stored,
+                            (ca, ca_info),
+                            cluster_ca_pem,
+                            planned,
+                            url,
+                            *external,
+                            &mut out,
+                        ),
+                    },
+                };
+                (secret, reason, Some(url))
             }
-        };
-        let reason = match &current {
-            None => Some("Created"),
-            Some((cert, server)) => match pki::inspect(cert) {
-                Err(_) => Some("Unreadable"),
-                Ok(info) => {
-                    let reissue = pki::reissue_reason(
-                        &info,
-                        ca_info,
-                        &planned.spec,
-                        inputs.now,
-                        inputs.renew_before,
-                    );
-                    if reissue.is_none() {
-                        note_expiry(&mut out, info.not_after);
-                    }
-                    match (reissue, url) {
-                        (Some(r), _) => Some(r),
-                        (None, Some(url)) if url != server => Some("EndpointChanged"),
-                        (None, _) => None,
-                    }
-                }
-            },
         };
         let Some(reason) = reason else { continue };
         let issued = pki::issue(ca, &planned.spec, inputs.now, inputs.validity)?;
@@ -239,20 +383,104 @@ pub fn reconcile(inputs: &Inputs<'_>, plan: &[PlannedCert]) -> Result<Outcome, P
                 ],
             ),
             Some(server) => {
-                let text = kubeconfig::render(&KubeconfigInput {
-                    cluster: &names.cluster,
-                    user: &planned.spec.common_name,
+                let text = render_kubeconfig(
+                    inputs,
+                    planned,
                     server,
-                    ca_pem: &infos[&Authority::Cluster].0.cert_pem,
-                    cert_pem: &issued.cert_pem,
-                    key_pem: &issued.key_pem,
-                });
+                    cluster_ca_pem,
+                    &issued.cert_pem,
+                    &issued.key_pem,
+                );
                 secret(inputs, name, "Opaque", vec![(kubeconfig::KEY, text)])
             }
         };
         out.changes.push(Change { secret, reason });
     }
     Ok(out)
+}
+
+fn render_kubeconfig(
+    inputs: &Inputs<'_>,
+    planned: &PlannedCert,
+    server: &str,
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> String {
+    kubeconfig::render(&KubeconfigInput {
+        cluster: &inputs.names.cluster,
+        user: &planned.spec.common_name,
+        server,
+        ca_pem,
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// Why a stored leaf certificate is issued again, if it is; its expiry is
+/// noted when it is kept.
+fn leaf_reason(
+    inputs: &Inputs<'_>,
+    cert: &str,
+    ca_info: &CertInfo,
+    planned: &PlannedCert,
+    out: &mut Outcome,
+) -> Option<&'static str> {
+    let Ok(info) = pki::inspect(cert) else {
+        return Some("Unreadable");
+    };
+    let reissue = pki::reissue_reason(
+        &info,
+        ca_info,
+        &planned.spec,
+        inputs.now,
+        inputs.renew_before,
+    );
+    if reissue.is_none() {
+        note_expiry(out, info.not_after);
+    }
+    reissue
+}
+
+/// Why a stored kubeconfig is issued again, if it is: its certificate is due
+/// (as a leaf's), the endpoint moved, or it is not what the operator issued.
+#[allow(clippy::too_many_arguments)]
+fn kubeconfig_reason(
+    inputs: &Inputs<'_>,
+    stored: &StoredKubeconfig,
+    (ca, ca_info): (&KeyCert, &CertInfo),
+    cluster_ca_pem: &str,
+    planned: &PlannedCert,
+    url: &str,
+    external: bool,
+    out: &mut Outcome,
+) -> Option<&'static str> {
+    let mut noted = Outcome::default();
+    if let Some(reason) = leaf_reason(inputs, &stored.cert_pem, ca_info, planned, &mut noted) {
+        return Some(reason);
+    }
+    if stored.server != url {
+        let moved = external && inputs.previous_endpoint == Some(stored.server.as_str());
+        return Some(if moved { "EndpointChanged" } else { TAMPERED });
+    }
+    if pki::check_client(&stored.cert_pem, &stored.key_pem, &ca.cert_pem, inputs.now).is_err() {
+        return Some(TAMPERED);
+    }
+    let issued = render_kubeconfig(
+        inputs,
+        planned,
+        url,
+        cluster_ca_pem,
+        &stored.cert_pem,
+        &stored.key_pem,
+    );
+    if tampered(&stored.document, &issued) {
+        return Some(TAMPERED);
+    }
+    if let Some(at) = noted.earliest_expiry {
+        note_expiry(out, at);
+    }
+    None
 }
 
 fn note_expiry(out: &mut Outcome, at: OffsetDateTime) {
@@ -328,6 +556,17 @@ mod tests {
         now: OffsetDateTime,
         external: &str,
     ) -> Outcome {
+        run_recorded(c, existing, now, external, &Default::default(), &[])
+    }
+
+    fn run_recorded(
+        c: &Cluster,
+        existing: &BTreeMap<String, Secret>,
+        now: OffsetDateTime,
+        external: &str,
+        recorded: &AuthorityFingerprints,
+        replace: &[String],
+    ) -> Outcome {
         let names = Names::new(c, "cluster.local");
         let plan = certs::plan(c, &names, &[]).expect("plan");
         reconcile(
@@ -340,10 +579,281 @@ mod tests {
                 renew_before: Duration::from_secs(600),
                 external_url: external,
                 internal_url: "https://prod-east-apiserver.clusters.svc:6443",
+                previous_endpoint: Some("https://api:6443"),
+                recorded,
+                replace,
             },
             &plan,
         )
         .expect("reconcile")
+    }
+
+    fn changed(outcome: &Outcome) -> Vec<(String, &'static str)> {
+        outcome
+            .changes
+            .iter()
+            .map(|c| (c.secret.metadata.name.clone().unwrap_or_default(), c.reason))
+            .collect()
+    }
+
+    /// A first pass's Secrets and what it recorded.
+    fn bootstrapped(c: &Cluster) -> (BTreeMap<String, Secret>, AuthorityFingerprints) {
+        let first = run(c, &BTreeMap::new(), at(0), "https://api:6443");
+        (merged(&BTreeMap::new(), &first.changes), first.authorities)
+    }
+
+    fn kubeconfig_text(secret: &Secret) -> String {
+        data(secret, kubeconfig::KEY).expect("kubeconfig")
+    }
+
+    #[test]
+    fn the_first_pass_records_every_authority_and_later_passes_keep_the_record() {
+        let c = cluster();
+        let (existing, recorded) = bootstrapped(&c);
+        for fingerprint in [
+            &recorded.cluster,
+            &recorded.etcd,
+            &recorded.front_proxy,
+            &recorded.service_account,
+        ] {
+            assert!(
+                fingerprint
+                    .as_deref()
+                    .is_some_and(|f| f.starts_with("sha256:") && f.len() == 71),
+                "{recorded:?}"
+            );
+        }
+        let ca_pem = data(&existing["prod-east-ca"], CERT).expect("ca");
+        assert_eq!(
+            recorded.cluster,
+            Some(pki::certificate_fingerprint(&ca_pem).expect("fingerprint"))
+        );
+        let again = run_recorded(&c, &existing, at(60), "https://api:6443", &recorded, &[]);
+        assert!(again.changes.is_empty() && again.held.is_empty());
+        assert_eq!(again.authorities, recorded);
+    }
+
+    #[test]
+    fn a_deleted_or_swapped_ca_is_held_and_nothing_is_issued_from_it() {
+        let c = cluster();
+        let (existing, recorded) = bootstrapped(&c);
+        let mut gone = existing.clone();
+        gone.remove("prod-east-ca");
+        // Even with every leaf due, none is issued while its CA is held.
+        let later = run_recorded(&c, &gone, at(3100), "https://api:6443", &recorded, &[]);
+        assert_eq!(later.held.len(), 1);
+        assert_eq!(later.held[0].reason, "CertificateAuthorityMissing");
+        assert!(
+            changed(&later)
+                .iter()
+                .all(|(name, reason)| *reason == "Expiring" && !name.starts_with("prod-east-ca")),
+            "{:?}",
+            changed(&later)
+        );
+        let cluster_ca_leaves = ["prod-east-apiserver-tls", "prod-east-admin-kubeconfig"];
+        assert!(
+            changed(&later)
+                .iter()
+                .all(|(name, _)| !cluster_ca_leaves.contains(&name.as_str())),
+            "{:?}",
+            changed(&later)
+        );
+        // The etcd CA's leaves are still renewed.
+        assert!(
+            changed(&later)
+                .iter()
+                .any(|(name, _)| name == "prod-east-etcd-0-peer")
+        );
+
+        let mut swapped = existing.clone();
+        let other = pki::new_ca("kubernetes", at(0)).expect("ca");
+        swapped.insert(
+            "prod-east-ca".into(),
+            Secret {
+                data: Some(
+                    [
+                        (CERT.to_string(), ByteString(other.cert_pem.into_bytes())),
+                        (KEY.to_string(), ByteString(other.key_pem.into_bytes())),
+                    ]
+                    .into(),
+                ),
+                ..existing["prod-east-ca"].clone()
+            },
+        );
+        let held = run_recorded(&c, &swapped, at(60), "https://api:6443", &recorded, &[]);
+        assert_eq!(held.held[0].reason, "CertificateAuthorityChanged");
+        assert!(held.changes.is_empty(), "{:?}", changed(&held));
+
+        let mut no_sa = existing.clone();
+        no_sa.remove("prod-east-sa");
+        let sa = run_recorded(&c, &no_sa, at(60), "https://api:6443", &recorded, &[]);
+        assert_eq!(sa.held[0].reason, "ServiceAccountKeyMissing");
+        assert!(sa.changes.is_empty(), "{:?}", changed(&sa));
+
+        // Restored from a backup: used again, nothing changes.
+        let restored = run_recorded(&c, &existing, at(60), "https://api:6443", &recorded, &[]);
+        assert!(restored.held.is_empty() && restored.changes.is_empty());
+    }
+
+    #[test]
+    fn naming_the_recorded_fingerprint_replaces_the_ca_and_reissues_its_leaves() {
+        let c = cluster();
+        let (mut existing, recorded) = bootstrapped(&c);
+        existing.remove("prod-east-ca");
+        let replace = vec![recorded.cluster.clone().expect("recorded")];
+        let out = run_recorded(
+            &c,
+            &existing,
+            at(60),
+            "https://api:6443",
+            &recorded,
+            &replace,
+        );
+        assert!(out.held.is_empty());
+        assert_eq!(out.replaced, vec![Which::Cluster]);
+        assert_ne!(out.authorities.cluster, recorded.cluster);
+        assert_eq!(out.authorities.etcd, recorded.etcd);
+        let changes = changed(&out);
+        assert!(changes.contains(&("prod-east-ca".to_string(), "Replaced")));
+        assert!(changes.contains(&("prod-east-apiserver-tls".to_string(), "SignedByAnotherCA")));
+        assert!(!changes.iter().any(|(n, _)| n == "prod-east-etcd-0-peer"));
+    }
+
+    /// The admin kubeconfig with `edit` applied to its document.
+    fn edited_admin(
+        existing: &BTreeMap<String, Secret>,
+        edit: impl Fn(&mut serde_json::Value),
+    ) -> BTreeMap<String, Secret> {
+        let name = "prod-east-admin-kubeconfig";
+        let mut doc: serde_json::Value =
+            serde_json::from_str(&kubeconfig_text(&existing[name])).expect("json");
+        edit(&mut doc);
+        let mut edited = existing.clone();
+        edited.insert(
+            name.into(),
+            Secret {
+                data: Some(kubeconfig::secret_data(
+                    serde_norway::to_string(&doc).expect("yaml"),
+                )),
+                ..existing[name].clone()
+            },
+        );
+        edited
+    }
+
+    #[test]
+    fn a_kubeconfig_that_is_not_what_was_issued_is_issued_again() {
+        use serde_json::json;
+        let c = cluster();
+        let (existing, recorded) = bootstrapped(&c);
+        let pass = |secrets: &BTreeMap<String, Secret>| {
+            run_recorded(&c, secrets, at(60), "https://api:6443", &recorded, &[])
+        };
+        // The same document as YAML is no change.
+        assert!(pass(&edited_admin(&existing, |_| {})).changes.is_empty());
+        let user = |f: &'static str, v: serde_json::Value| {
+            move |d: &mut serde_json::Value| d["users"][0]["user"][f] = v.clone()
+        };
+        let cluster = |f: &'static str, v: serde_json::Value| {
+            move |d: &mut serde_json::Value| d["clusters"][0]["cluster"][f] = v.clone()
+        };
+        let other_ca = {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(
+                pki::new_ca("kubernetes", at(0))
+                    .expect("ca")
+                    .cert_pem
+                    .as_bytes(),
+            )
+        };
+        type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+        let edits: Vec<(&str, Edit)> = vec![
+            (
+                "tokenFile",
+                Box::new(user(
+                    "tokenFile",
+                    json!("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+                )),
+            ),
+            ("token", Box::new(user("token", json!("abc")))),
+            (
+                "exec",
+                Box::new(user("exec", json!({"command": "sh", "apiVersion": "v1"}))),
+            ),
+            (
+                "auth-provider",
+                Box::new(user("auth-provider", json!({"name": "oidc"}))),
+            ),
+            (
+                "insecure-skip-tls-verify",
+                Box::new(cluster("insecure-skip-tls-verify", json!(true))),
+            ),
+            (
+                "proxy-url",
+                Box::new(cluster("proxy-url", json!("http://evil:3128"))),
+            ),
+            (
+                "another server",
+                Box::new(cluster("server", json!("https://evil.example:6443"))),
+            ),
+            (
+                "another CA",
+                Box::new(cluster("certificate-authority-data", json!(other_ca))),
+            ),
+            (
+                "a CA file",
+                Box::new(cluster("certificate-authority", json!("/etc/evil.crt"))),
+            ),
+            (
+                "another user",
+                Box::new(|d: &mut serde_json::Value| {
+                    d["users"]
+                        .as_array_mut()
+                        .expect("users")
+                        .push(json!({"name": "x", "user": {"token": "t"}}))
+                }),
+            ),
+            (
+                "another current context",
+                Box::new(|d: &mut serde_json::Value| d["current-context"] = json!("x")),
+            ),
+        ];
+        for (what, edit) in edits {
+            let out = pass(&edited_admin(&existing, edit));
+            assert_eq!(
+                changed(&out),
+                vec![("prod-east-admin-kubeconfig".to_string(), TAMPERED)],
+                "{what}"
+            );
+            let rewritten = kubeconfig_text(&out.changes[0].secret);
+            let stored = stored_kubeconfig(&out.changes[0].secret).expect("stored");
+            assert_eq!(stored.server, "https://api:6443", "{what}");
+            assert!(!rewritten.contains("token") && !rewritten.contains("insecure"));
+        }
+        // Another certificate and key, even one signed by the cluster CA,
+        // are not what was issued to the admin.
+        let swapped_key = edited_admin(&existing, |d| {
+            use base64::Engine;
+            let other = pki::new_ca("x", at(0)).expect("key");
+            d["users"][0]["user"]["client-key-data"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(other.key_pem));
+        });
+        assert_eq!(
+            changed(&pass(&swapped_key)),
+            vec![("prod-east-admin-kubeconfig".to_string(), TAMPERED)]
+        );
+        let mut garbage = existing.clone();
+        garbage.insert(
+            "prod-east-admin-kubeconfig".into(),
+            Secret {
+                data: Some(kubeconfig::secret_data("not: [a kubeconfig".into())),
+                ..existing["prod-east-admin-kubeconfig"].clone()
+            },
+        );
+        assert_eq!(
+            changed(&pass(&garbage)),
+            vec![("prod-east-admin-kubeconfig".to_string(), TAMPERED)]
+        );
     }
 
     #[test]

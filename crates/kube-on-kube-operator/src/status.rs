@@ -28,6 +28,10 @@ pub struct Observed<'a> {
     pub certificates_expire_at: Option<Timestamp>,
     /// Why the PKI step could not finish, if it could not.
     pub certificates_error: Option<String>,
+    /// A certificate authority or the service-account key is missing or
+    /// changed and kept from being replaced: the reason and message (see
+    /// [`crate::authorities`]). The control plane runs on meanwhile.
+    pub certificates_held: Option<(&'static str, String)>,
     /// Add-ons: None while not attempted yet, else how applying them went.
     pub addons: Option<crate::addons::Report>,
     pub version: &'a str,
@@ -92,6 +96,9 @@ pub fn with_addons(
         return None;
     }
     let mut status = cluster.status.clone()?;
+    // Owned by the PKI step's own field manager: written from a copy that
+    // may be older, it could set back a record just made.
+    status.certificate_authorities = None;
     conditions::set(
         &mut status.conditions,
         Desired {
@@ -221,16 +228,21 @@ pub fn build(
             components.scheduler.ready
         ),
     );
-    let certs_ok = set(
-        CERTIFICATES_READY,
-        observed.certificates_error.is_none(),
-        "Issued",
-        "IssueFailed",
-        observed
-            .certificates_error
-            .clone()
-            .unwrap_or_else(|| "every certificate is issued and current".into()),
-    );
+    let certs_ok = match &observed.certificates_held {
+        Some((reason, message)) if observed.certificates_error.is_none() => {
+            set(CERTIFICATES_READY, false, reason, reason, message.clone())
+        }
+        _ => set(
+            CERTIFICATES_READY,
+            observed.certificates_error.is_none(),
+            "Issued",
+            "IssueFailed",
+            observed
+                .certificates_error
+                .clone()
+                .unwrap_or_else(|| "every certificate is issued and current".into()),
+        ),
+    };
     let addons_ok = match &observed.addons {
         Some(report) => set(
             ADDONS_READY,
@@ -348,6 +360,8 @@ pub fn build(
         endpoint: Some(observed.endpoint.clone()),
         admin_kubeconfig_secret: Some(names.kubeconfig_secret("admin")),
         certificates_expire_at: observed.certificates_expire_at.map(Time),
+        // Written by the PKI step under its own field manager.
+        certificate_authorities: None,
     }
 }
 
@@ -409,6 +423,7 @@ mod tests {
                 endpoint: "https://x:6443".into(),
                 certificates_expire_at: None,
                 certificates_error: None,
+                certificates_held: None,
                 addons: Some(crate::addons::Report {
                     ready: true,
                     reason: "Applied",
@@ -439,6 +454,57 @@ mod tests {
     }
 
     #[test]
+    fn a_held_authority_is_the_certificates_condition_and_degrades_a_running_cluster() {
+        let mut c = cluster();
+        c.status = Some(ClusterStatus {
+            phase: Some(ClusterPhase::Running),
+            ..Default::default()
+        });
+        let n = Names::new(&c, "cluster.local");
+        let pods = [ready_pod("ci-etcd-0", true)];
+        let d = deployment(1);
+        let s = build(
+            &c,
+            &n,
+            &Observed {
+                etcd_pods: &pods,
+                apiserver: Some(&d),
+                controller_manager: Some(&d),
+                scheduler: Some(&d),
+                endpoint: "https://x:6443".into(),
+                certificates_expire_at: None,
+                certificates_error: None,
+                certificates_held: Some((
+                    "CertificateAuthorityMissing",
+                    "Secret ci-ca … is missing".into(),
+                )),
+                addons: None,
+                version: "1.35.4",
+                etcd_version: "3.6.16",
+                upgrade: None,
+                etcd: None,
+            },
+            Timestamp::UNIX_EPOCH,
+        );
+        let certs = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CERTIFICATES_READY)
+            .expect("CertificatesReady");
+        assert_eq!(
+            (certs.status.as_str(), certs.reason.as_str()),
+            ("False", "CertificateAuthorityMissing")
+        );
+        assert_eq!(certs.message, "Secret ci-ca … is missing");
+        assert_eq!(s.phase, Some(ClusterPhase::Degraded));
+        assert!(!kok_common::conditions::is_true(&s.conditions, READY));
+        assert!(kok_common::conditions::is_true(
+            &s.conditions,
+            APISERVER_READY
+        ));
+    }
+
+    #[test]
     fn missing_parts_are_named_in_ready() {
         let c = cluster();
         let n = Names::new(&c, "cluster.local");
@@ -454,6 +520,7 @@ mod tests {
                 endpoint: "https://x:6443".into(),
                 certificates_expire_at: None,
                 certificates_error: None,
+                certificates_held: None,
                 addons: None,
                 version: "1.35.4",
                 etcd_version: "3.6.16",
