@@ -15,6 +15,9 @@ pub const DNS_SUBDOMAIN_PATTERN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// A DNS-1123 label (lowercase, no dots).
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// A label value: at most 63 letters, digits, `-`, `_` and `.`, starting and
+/// ending with a letter or digit (or empty).
+pub const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$";
 /// A package name: a DNS-1123 label.
 pub const PACKAGE_NAME_PATTERN: &str = DNS_LABEL_PATTERN;
 
