@@ -211,7 +211,7 @@ fn cases() -> Vec<Case> {
                 "spec/sysctls",
                 json!({"vm.swappiness": "1\nkernel.core_pattern = |/tmp/x"}),
             )]),
-            "sysctl values are one line",
+            "spec.sysctls",
         ),
         c(
             "zone is a label value",
@@ -238,7 +238,7 @@ fn cases() -> Vec<Case> {
                 "spec/kubelet/nodeLabels",
                 json!({"pool": INJECTION}),
             )]),
-            "node label values are",
+            "spec.kubelet.nodeLabels.pool in body should match",
         ),
         c(
             "taint key",
@@ -247,7 +247,7 @@ fn cases() -> Vec<Case> {
                 "spec/kubelet/taints",
                 json!([{"key": "a b", "effect": "NoSchedule"}]),
             )]),
-            "taint keys are label keys",
+            "spec.kubelet.taints[0].key in body should match",
         ),
         c(
             "taint value",
@@ -256,7 +256,7 @@ fn cases() -> Vec<Case> {
                 "spec/kubelet/taints",
                 json!([{"key": "dedicated", "value": INJECTION, "effect": "NoSchedule"}]),
             )]),
-            "taint values are label values",
+            "spec.kubelet.taints[0].value in body should match",
         ),
         c(
             "taint effect",
@@ -265,7 +265,7 @@ fn cases() -> Vec<Case> {
                 "spec/kubelet/taints",
                 json!([{"key": "dedicated", "effect": "NoSchedule\nExecStartPre=/x"}]),
             )]),
-            "taint effects are NoSchedule, PreferNoSchedule or NoExecute",
+            "Unsupported value: \"NoSchedule\\nExecStartPre=/x\"",
         ),
         c(
             "kube-reserved resources",
@@ -295,7 +295,7 @@ fn cases() -> Vec<Case> {
                 "spec/kubelet/evictionHard",
                 json!({"memory.available": "1Gi\nx"}),
             )]),
-            "eviction thresholds are quantities",
+            "spec.kubelet.evictionHard",
         ),
         c(
             "kubelet flag name",
@@ -307,7 +307,7 @@ fn cases() -> Vec<Case> {
             "kubelet flag value",
             "Machine",
             Create(vec![("spec/kubelet/extraArgs", json!({"v": INJECTION}))]),
-            "kubelet flag values are one line",
+            "spec.kubelet.extraArgs",
         ),
         // PackageVersion
         c(

@@ -10,7 +10,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::shared::{DNS_SUBDOMAIN_PATTERN, LABEL_VALUE_PATTERN, OperationResult, SecretKeyRef};
+use crate::shared::{
+    DNS_SUBDOMAIN_PATTERN, LABEL_VALUE_PATTERN, OperationResult, SecretKeyRef, label_value_map,
+    one_line_map, taints, threshold_map,
+};
 
 /// A host and the Node it becomes.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -88,10 +91,9 @@ pub struct MachineSpec {
     /// (`docs/machine.md`, [`sysctl_allowed`]): others, such as
     /// `kernel.core_pattern`, run code as root. Values are one line.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 128))]
+    #[schemars(schema_with = "one_line_map")]
     #[x_kube(
-        validation = Rule::new(r"self.all(k, k.matches('^(vm|net|fs[.]inotify)([.][a-z0-9_-]+)+$') || k in ['fs.file-max', 'fs.nr_open', 'fs.aio-max-nr', 'kernel.pid_max', 'kernel.threads-max', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'])").message("sysctl names must be on the allowlist: vm.*, net.*, fs.inotify.*, fs.file-max, fs.nr_open, fs.aio-max-nr, kernel.pid_max, kernel.threads-max, kernel.panic, kernel.panic_on_oops, kernel.keys.root_maxkeys, kernel.keys.root_maxbytes (see docs/machine.md)"),
-        validation = Rule::new("self.all(k, size(self[k]) <= 4096 && !self[k].matches('[[:cntrl:]]'))").message("sysctl values are one line of at most 4096 characters without control characters")
+        validation = Rule::new(r"self.all(k, k.matches('^(vm|net|fs[.]inotify)([.][a-z0-9_-]+)+$') || k in ['fs.file-max', 'fs.nr_open', 'fs.aio-max-nr', 'kernel.pid_max', 'kernel.threads-max', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'])").message("sysctl names must be on the allowlist: vm.*, net.*, fs.inotify.*, fs.file-max, fs.nr_open, fs.aio-max-nr, kernel.pid_max, kernel.threads-max, kernel.panic, kernel.panic_on_oops, kernel.keys.root_maxkeys, kernel.keys.root_maxbytes (see docs/machine.md)")
     )]
     pub sysctls: BTreeMap<String, String>,
 }
@@ -137,20 +139,12 @@ fn default_ssh_port() -> i32 {
 pub struct KubeletSpec {
     /// Labels put on the Node: label keys and values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 64))]
-    #[x_kube(
-        validation = Rule::new(r"self.all(k, size(k) <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$'))").message("node label keys are an optional DNS subdomain and /, then a name of at most 63 letters, digits, -, _ and . such as example.com/pool"),
-        validation = Rule::new(r"self.all(k, self[k].matches('^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$'))").message("node label values are at most 63 letters, digits, -, _ and ., starting and ending with a letter or digit")
-    )]
+    #[schemars(schema_with = "label_value_map")]
+    #[x_kube(validation = Rule::new(r"self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$'))").message("node label keys are an optional DNS subdomain and /, then a name of at most 63 letters, digits, -, _ and . such as example.com/pool"))]
     pub node_labels: BTreeMap<String, String>,
-    /// Taints put on the Node.
+    /// Taints put on the Node: label keys and values, and an effect.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
-    #[x_kube(
-        validation = Rule::new(r"self.all(t, size(t.key) <= 317 && t.key.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$'))").message("taint keys are label keys such as example.com/dedicated"),
-        validation = Rule::new(r"self.all(t, !has(t.value) || t.value.matches('^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$'))").message("taint values are label values: at most 63 letters, digits, -, _ and ."),
-        validation = Rule::new("self.all(t, t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])").message("taint effects are NoSchedule, PreferNoSchedule or NoExecute")
-    )]
+    #[schemars(schema_with = "taints")]
     pub taints: Vec<Taint>,
     /// Resources reserved for Kubernetes daemons (`cpu`, `memory`,
     /// `ephemeral-storage`, `pid`).
@@ -165,21 +159,15 @@ pub struct KubeletSpec {
     /// Hard eviction thresholds, for example `memory.available: 500Mi`,
     /// `nodefs.available: 10%`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 16))]
-    #[x_kube(
-        validation = Rule::new(r"self.all(k, k.matches('^[a-z]+[.][a-zA-Z]+$'))").message("eviction signals look like memory.available or nodefs.inodesFree"),
-        validation = Rule::new(r"self.all(k, self[k].matches('^[0-9]+([.][0-9]+)?(%|[a-zA-Z]{0,2})$'))").message("eviction thresholds are quantities such as 500Mi or percentages such as 10%")
-    )]
+    #[schemars(schema_with = "threshold_map")]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z]+[.][a-zA-Z]+$'))").message("eviction signals look like memory.available or nodefs.inodesFree"))]
     pub eviction_hard: BTreeMap<String, String>,
     /// Extra kubelet flags, `flag-name: value` without the leading dashes.
-    /// Values may hold anything but control characters: the unit template
+    /// Values are one line of at most 4096 characters: the unit template
     /// quotes each as one argument.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 64))]
-    #[x_kube(
-        validation = Rule::new("self.all(k, k.matches('^[a-z0-9][-a-z0-9]{0,62}$'))").message("kubelet flag names are lowercase letters, digits and - without the leading dashes, such as max-pods"),
-        validation = Rule::new("self.all(k, size(self[k]) <= 4096 && !self[k].matches('[[:cntrl:]]'))").message("kubelet flag values are one line of at most 4096 characters without control characters")
-    )]
+    #[schemars(schema_with = "one_line_map")]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z0-9][-a-z0-9]{0,62}$'))").message("kubelet flag names are lowercase letters, digits and - without the leading dashes, such as max-pods"))]
     pub extra_args: BTreeMap<String, String>,
 }
 

@@ -41,18 +41,18 @@ async fn spec_values_reach_the_host_quoted_or_not_at_all() {
     // Each injection is refused by the API server, before any operator runs.
     let attempts = [
         (
-            "node label values are",
+            "spec.kubelet.nodeLabels.pool",
             "spec/kubelet/nodeLabels",
             json!({"pool": INJECTION}),
         ),
         ("spec.zone", "spec/zone", json!(INJECTION)),
         (
-            "taint values are label values",
+            "spec.kubelet.taints[0].value",
             "spec/kubelet/taints",
             json!([{"key": "dedicated", "value": INJECTION, "effect": "NoSchedule"}]),
         ),
         (
-            "kubelet flag values are one line",
+            "spec.kubelet.extraArgs.v",
             "spec/kubelet/extraArgs",
             json!({"v": INJECTION}),
         ),
