@@ -259,7 +259,15 @@ async fn example_becomes_a_working_kubernetes(
     };
     let info = get(&["-n", "kube-public", "configmap", "cluster-info"]);
     let info = info["data"]["kubeconfig"].as_str().unwrap_or_default();
-    assert!(info.contains(&format!("server: {endpoint}")), "{info}");
+    let parsed = kube::config::Kubeconfig::from_yaml(info).expect("cluster-info kubeconfig");
+    assert_eq!(
+        parsed.clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.server.as_deref()),
+        Some(endpoint.as_str()),
+        "{info}"
+    );
     for binding in [
         "kube-on-kube:kubelet-bootstrap",
         "kube-on-kube:node-autoapprove-bootstrap",
