@@ -553,3 +553,16 @@ pub async fn node_operator_connected(
     )
     .await
 }
+
+/// The server of the first cluster of a kubeconfig text (the add-ons embed
+/// kubeconfigs with quoted values, so they are compared parsed).
+pub fn kubeconfig_server(text: &str) -> Option<String> {
+    kube::config::Kubeconfig::from_yaml(text)
+        .ok()?
+        .clusters
+        .first()?
+        .cluster
+        .as_ref()?
+        .server
+        .clone()
+}
