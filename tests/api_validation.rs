@@ -18,6 +18,9 @@ enum Change {
     Update(Vec<(&'static str, Value)>),
 }
 
+/// A value that, written raw into a unit file, adds a command run as root.
+const INJECTION: &str = "a\nExecStartPre=/bin/sh -c 'id > /tmp/pwned'";
+
 struct Case {
     name: &'static str,
     kind: &'static str,
@@ -253,7 +256,121 @@ fn cases() -> Vec<Case> {
             "sysctl name",
             "Machine",
             Create(vec![("spec/sysctls", json!({"rm -rf /": "1"}))]),
-            "sysctl names look like vm.max_map_count",
+            "sysctl names must be on the allowlist",
+        ),
+        c(
+            "sysctl allowlist",
+            "Machine",
+            Create(vec![(
+                "spec/sysctls",
+                json!({"kernel.core_pattern": "|/tmp/x %p"}),
+            )]),
+            "sysctl names must be on the allowlist",
+        ),
+        c(
+            "sysctl value one line",
+            "Machine",
+            Create(vec![(
+                "spec/sysctls",
+                json!({"vm.swappiness": "1\nkernel.core_pattern = |/tmp/x"}),
+            )]),
+            "spec.sysctls",
+        ),
+        c(
+            "zone is a label value",
+            "Machine",
+            Create(vec![("spec/zone", json!(INJECTION))]),
+            "spec.zone",
+        ),
+        c(
+            "idc is a label value",
+            "Machine",
+            Create(vec![("spec/idc", json!("idc 1"))]),
+            "spec.idc",
+        ),
+        c(
+            "node label key",
+            "Machine",
+            Create(vec![("spec/kubelet/nodeLabels", json!({"pool\nx": "a"}))]),
+            "node label keys are",
+        ),
+        c(
+            "node label value",
+            "Machine",
+            Create(vec![(
+                "spec/kubelet/nodeLabels",
+                json!({"pool": INJECTION}),
+            )]),
+            "spec.kubelet.nodeLabels.pool in body should match",
+        ),
+        c(
+            "taint key",
+            "Machine",
+            Create(vec![(
+                "spec/kubelet/taints",
+                json!([{"key": "a b", "effect": "NoSchedule"}]),
+            )]),
+            "spec.kubelet.taints[0].key in body should match",
+        ),
+        c(
+            "taint value",
+            "Machine",
+            Create(vec![(
+                "spec/kubelet/taints",
+                json!([{"key": "dedicated", "value": INJECTION, "effect": "NoSchedule"}]),
+            )]),
+            "spec.kubelet.taints[0].value in body should match",
+        ),
+        c(
+            "taint effect",
+            "Machine",
+            Create(vec![(
+                "spec/kubelet/taints",
+                json!([{"key": "dedicated", "effect": "NoSchedule\nExecStartPre=/x"}]),
+            )]),
+            "Unsupported value: \"NoSchedule\\nExecStartPre=/x\"",
+        ),
+        c(
+            "kube-reserved resources",
+            "Machine",
+            Create(vec![("spec/kubelet/kubeReserved", json!({"gpu": "1"}))]),
+            "reserved resources are cpu, memory, ephemeral-storage and pid",
+        ),
+        c(
+            "system-reserved resources",
+            "Machine",
+            Create(vec![("spec/kubelet/systemReserved", json!({"cpu\n": "1"}))]),
+            "reserved resources are cpu, memory, ephemeral-storage and pid",
+        ),
+        c(
+            "eviction signal",
+            "Machine",
+            Create(vec![(
+                "spec/kubelet/evictionHard",
+                json!({"memory available": "1Gi"}),
+            )]),
+            "eviction signals look like memory.available",
+        ),
+        c(
+            "eviction threshold",
+            "Machine",
+            Create(vec![(
+                "spec/kubelet/evictionHard",
+                json!({"memory.available": "1Gi\nx"}),
+            )]),
+            "spec.kubelet.evictionHard",
+        ),
+        c(
+            "kubelet flag name",
+            "Machine",
+            Create(vec![("spec/kubelet/extraArgs", json!({"--v": "2"}))]),
+            "kubelet flag names are",
+        ),
+        c(
+            "kubelet flag value",
+            "Machine",
+            Create(vec![("spec/kubelet/extraArgs", json!({"v": INJECTION}))]),
+            "spec.kubelet.extraArgs",
         ),
         // PackageVersion
         c(

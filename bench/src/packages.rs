@@ -187,8 +187,8 @@ fn build_one(
 }
 
 /// The template values node-operator fills for a host.
-pub fn values(ip: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([("nodeIP".to_string(), ip.to_string())])
+pub fn values(ip: &str) -> node_operator::install::Values {
+    BTreeMap::from([("nodeIP".to_string(), serde_json::Value::from(ip))])
 }
 
 /// Reads back what a host runs: each package's `current` target and whether

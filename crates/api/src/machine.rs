@@ -10,7 +10,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::shared::{DNS_SUBDOMAIN_PATTERN, OperationResult, SecretKeyRef};
+use crate::shared::{
+    DNS_SUBDOMAIN_PATTERN, LABEL_VALUE_PATTERN, OperationResult, SecretKeyRef, label_value_map,
+    one_line_map, taints, threshold_map,
+};
 
 /// A host and the Node it becomes.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -64,13 +67,15 @@ pub struct MachineSpec {
         validation = Rule::new("self == oldSelf").message("ip cannot be changed; create a new Machine for a host with a new address")
     )]
     pub ip: String,
-    /// Zone of the host; becomes the Node's `topology.kubernetes.io/zone` label.
+    /// Zone of the host; becomes the Node's `topology.kubernetes.io/zone`
+    /// label, so it is a label value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = 63), regex(pattern = LABEL_VALUE_PATTERN))]
     pub zone: Option<String>,
-    /// Data centre (IDC) of the host; becomes the Node's `kubeonkube.io/idc` label.
+    /// Data centre (IDC) of the host; becomes the Node's `kubeonkube.io/idc`
+    /// label, so it is a label value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(length(min = 1, max = 63), regex(pattern = LABEL_VALUE_PATTERN))]
     pub idc: Option<String>,
     /// How the operator logs in.
     pub ssh: SshSpec,
@@ -83,9 +88,14 @@ pub struct MachineSpec {
     #[serde(default)]
     pub kubelet: KubeletSpec,
     /// Kernel parameters applied on the host (`sysctl -w` and persisted), for
-    /// example `vm.max_map_count: "262144"`.
+    /// example `vm.max_map_count: "262144"`. Only names on the allowlist
+    /// (`docs/machine.md`, [`sysctl_allowed`]): others, such as
+    /// `kernel.core_pattern`, run code as root. Values are one line.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z0-9_]+([./][a-z0-9_-]+)+$'))").message("sysctl names look like vm.max_map_count or net.ipv4.ip_forward"))]
+    #[schemars(schema_with = "one_line_map")]
+    #[x_kube(
+        validation = Rule::new(r"self.all(k, k.matches('^(vm|net|fs[.]inotify)([.][a-z0-9_-]+)+$') || k in ['fs.file-max', 'fs.nr_open', 'fs.aio-max-nr', 'kernel.pid_max', 'kernel.threads-max', 'kernel.panic', 'kernel.panic_on_oops', 'kernel.keys.root_maxkeys', 'kernel.keys.root_maxbytes'])").message("sysctl names must be on the allowlist: vm.*, net.*, fs.inotify.*, fs.file-max, fs.nr_open, fs.aio-max-nr, kernel.pid_max, kernel.threads-max, kernel.panic, kernel.panic_on_oops, kernel.keys.root_maxkeys, kernel.keys.root_maxbytes (see docs/machine.md)")
+    )]
     pub sysctls: BTreeMap<String, String>,
 }
 
@@ -122,30 +132,74 @@ fn default_ssh_port() -> i32 {
     22
 }
 
-/// kubelet settings rendered into its configuration file.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+/// kubelet settings rendered into its configuration file and unit. Every
+/// value here ends up in a file on the host, so the rules below keep each to
+/// its syntax and out of control characters.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletSpec {
-    /// Labels put on the Node.
+    /// Labels put on the Node: label keys and values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "label_value_map")]
+    #[x_kube(validation = Rule::new(r"self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$'))").message("node label keys are an optional DNS subdomain and /, then a name of at most 63 letters, digits, -, _ and . such as example.com/pool"))]
     pub node_labels: BTreeMap<String, String>,
-    /// Taints put on the Node.
+    /// Taints put on the Node: label keys and values, and an effect.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "taints")]
     pub taints: Vec<Taint>,
     /// Resources reserved for Kubernetes daemons (`cpu`, `memory`,
     /// `ephemeral-storage`, `pid`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(k, k in ['cpu', 'memory', 'ephemeral-storage', 'pid'])").message("reserved resources are cpu, memory, ephemeral-storage and pid"))]
     pub kube_reserved: BTreeMap<String, Quantity>,
-    /// Resources reserved for the operating system.
+    /// Resources reserved for the operating system (`cpu`, `memory`,
+    /// `ephemeral-storage`, `pid`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(k, k in ['cpu', 'memory', 'ephemeral-storage', 'pid'])").message("reserved resources are cpu, memory, ephemeral-storage and pid"))]
     pub system_reserved: BTreeMap<String, Quantity>,
     /// Hard eviction thresholds, for example `memory.available: 500Mi`,
     /// `nodefs.available: 10%`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "threshold_map")]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z]+[.][a-zA-Z]+$'))").message("eviction signals look like memory.available or nodefs.inodesFree"))]
     pub eviction_hard: BTreeMap<String, String>,
     /// Extra kubelet flags, `flag-name: value` without the leading dashes.
+    /// Values are one line of at most 4096 characters: the unit template
+    /// quotes each as one argument.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "one_line_map")]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z0-9][-a-z0-9]{0,62}$'))").message("kubelet flag names are lowercase letters, digits and - without the leading dashes, such as max-pods"))]
     pub extra_args: BTreeMap<String, String>,
+}
+
+/// Whether `sysctl -w name=…` may be run for a Machine: the names its
+/// `spec.sysctls` rule allows (memory, networking and file-watch tunables and
+/// a few kernel limits), and nothing that makes the kernel run a program
+/// (`kernel.core_pattern`, `kernel.modprobe`, `kernel.hotplug`, …) or
+/// weakens its protections (`fs.protected_*`, `fs.suid_dumpable`, …).
+pub fn sysctl_allowed(name: &str) -> bool {
+    const NAMES: [&str; 9] = [
+        "fs.file-max",
+        "fs.nr_open",
+        "fs.aio-max-nr",
+        "kernel.pid_max",
+        "kernel.threads-max",
+        "kernel.panic",
+        "kernel.panic_on_oops",
+        "kernel.keys.root_maxkeys",
+        "kernel.keys.root_maxbytes",
+    ];
+    let under = |prefix: &str| {
+        name.strip_prefix(prefix).is_some_and(|rest| {
+            rest.split('.').all(|part| {
+                !part.is_empty()
+                    && part.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                    })
+            })
+        })
+    };
+    NAMES.contains(&name) || under("vm.") || under("net.") || under("fs.inotify.")
 }
 
 /// Observed state of a Machine.
@@ -254,4 +308,37 @@ pub struct LastOperation {
     /// Last lines of the command output, secrets redacted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tail: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sysctl_allowed;
+
+    #[test]
+    fn sysctls_outside_the_allowlist_are_refused() {
+        for ok in [
+            "vm.max_map_count",
+            "net.ipv4.ip_forward",
+            "net.bridge.bridge-nf-call-iptables",
+            "fs.inotify.max_user_watches",
+            "kernel.pid_max",
+        ] {
+            assert!(sysctl_allowed(ok), "{ok}");
+        }
+        for bad in [
+            "kernel.core_pattern",
+            "kernel.modprobe",
+            "kernel.hotplug",
+            "fs.suid_dumpable",
+            "vm",
+            "vm.",
+            "vm..x",
+            "vm/../kernel/core_pattern",
+            "net.ipv4/../../kernel/modprobe",
+            "vm.Max",
+            "fs.inotify",
+        ] {
+            assert!(!sysctl_allowed(bad), "{bad}");
+        }
+    }
 }

@@ -135,18 +135,20 @@ pub struct Binary {
     pub link: Option<String>,
 }
 
-/// A configuration file rendered from a template. Placeholders of the form
-/// `{{name}}` are replaced: `nodeName`, `nodeIP`, `hostname`, `arch`,
+/// A configuration file rendered from a Jinja template (`docs/packages.md`):
+/// `{{ key | filter }}` prints `nodeName`, `nodeIP`, `hostname`, `arch`,
 /// `clusterDNS`, `clusterDomain`, `apiServer`, `packageDir`, `version`, and the
 /// kubelet settings `nodeLabels`, `registerTaints`, `kubeReserved`,
-/// `systemReserved`, `evictionHard` (rendered as YAML flow maps/lists).
+/// `systemReserved`, `evictionHard`, `kubeletExtraArgs`, quoted by the filter
+/// for the file's format (`yaml`, `systemd`, `shell`); an unknown key is an
+/// error.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigFile {
     /// Absolute path on the host.
     #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/.*$"))]
     pub path: String,
-    /// File content with placeholders.
+    /// File content: a template.
     #[schemars(length(max = 65536))]
     pub template: String,
     /// File mode in octal.
@@ -169,7 +171,8 @@ pub struct SystemdUnit {
         regex(pattern = r"^[a-zA-Z0-9:_.@-]+\.service$")
     )]
     pub name: String,
-    /// Unit file content (placeholders as in config files).
+    /// Unit file content: a template as for config files; quote values on
+    /// command lines with `| systemd`.
     #[schemars(length(min = 1, max = 65536))]
     pub content: String,
 }

@@ -15,6 +15,9 @@ pub const DNS_SUBDOMAIN_PATTERN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 /// A DNS-1123 label (lowercase, no dots).
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// A label value: at most 63 letters, digits, `-`, `_` and `.`, starting and
+/// ending with a letter or digit (or empty).
+pub const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$";
 /// A package name: a DNS-1123 label.
 pub const PACKAGE_NAME_PATTERN: &str = DNS_LABEL_PATTERN;
 
@@ -85,5 +88,81 @@ pub fn int_or_percent_list(generator: &mut schemars::SchemaGenerator) -> schemar
         "items": int_or_percent(generator),
         "minItems": 1,
         "maxItems": 100,
+    })
+}
+
+/// A string without control characters (C0, DEL, C1): one line of text.
+pub const ONE_LINE_PATTERN: &str = r"^[^\x00-\x1f\x7f-\x{9f}]*$";
+/// A label or taint key: an optional DNS-1123 subdomain prefix and `/`, then
+/// a name like a non-empty label value.
+pub const LABEL_KEY_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$";
+
+/// Schema of a map whose values are strings matching `pattern`, at most
+/// `max_length` long, with at most `max_properties` entries. Bounding the
+/// values in the schema (rather than in a CEL rule over every entry) keeps
+/// the API server's cost estimate for the map's rules small.
+fn string_map(max_properties: u32, max_length: u32, pattern: &str) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "maxProperties": max_properties,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": max_length,
+            "pattern": pattern,
+        },
+    })
+}
+
+/// Schema of a map of label values (node labels).
+pub fn label_value_map(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_map(64, 63, LABEL_VALUE_PATTERN)
+}
+
+/// Schema of a map of one-line values of at most 4096 characters (kubelet
+/// flags, sysctls).
+pub fn one_line_map(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_map(128, 4096, ONE_LINE_PATTERN)
+}
+
+/// Schema of a map of kubelet eviction thresholds: quantities or
+/// percentages.
+pub fn threshold_map(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_map(16, 16, r"^[0-9]+([.][0-9]+)?(%|[a-zA-Z]{0,2})$")
+}
+
+/// Schema of a Node's taints: label keys and values and the three effects.
+pub fn taints(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 64,
+        "items": {
+            "type": "object",
+            "description": "A taint: the Node repels Pods that do not tolerate it.",
+            "required": ["key", "effect"],
+            "properties": {
+                "key": {
+                    "type": "string",
+                    "description": "Taint key, a label key such as example.com/dedicated.",
+                    "maxLength": 317,
+                    "pattern": LABEL_KEY_PATTERN,
+                },
+                "value": {
+                    "type": "string",
+                    "description": "Taint value, a label value.",
+                    "maxLength": 63,
+                    "pattern": LABEL_VALUE_PATTERN,
+                },
+                "effect": {
+                    "type": "string",
+                    "description": "NoSchedule, PreferNoSchedule or NoExecute.",
+                    "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"],
+                },
+                "timeAdded": {
+                    "type": "string",
+                    "format": "date-time",
+                    "description": "When the taint was added (set by Kubernetes for NoExecute taints).",
+                },
+            },
+        },
     })
 }

@@ -1,6 +1,6 @@
 //! Plumbing both operators and the CLI need, kept in one place so it is written
 //! once: connecting to a cluster, server-side apply, status conditions and
-//! logging set-up.
+//! logging set-up, and the template language of add-ons and packages.
 
 pub mod apply;
 pub mod backoff;
@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod operator;
 pub mod shutdown;
 pub mod telemetry;
+pub mod template;
 pub mod watch;
 
 /// Errors of the shared plumbing.

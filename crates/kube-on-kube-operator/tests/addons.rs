@@ -88,7 +88,7 @@ fn demo_template(namespace: &str, version: &str, config_map: &str) -> ConfigMap 
     let template = format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: demo\n---\n\
          apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {config_map}\n  namespace: demo\n\
-         data:\n  greeting: \"{{{{values.greeting}}}}\"\n  cluster: \"{{{{ cluster.name }}}}\"\n  dns: \"{{{{network.dnsIP}}}}\"\n"
+         data:\n  greeting: {{{{ values.greeting | yaml }}}}\n  cluster: {{{{ cluster.name | yaml }}}}\n  dns: {{{{ network.dnsIP | yaml }}}}\n"
     );
     template_map(namespace, version, &template)
 }
@@ -491,8 +491,9 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
     let kubeconfig = proxy_config["data"]["kubeconfig.conf"]
         .as_str()
         .unwrap_or_default();
-    assert!(
-        kubeconfig.contains(&format!("server: {endpoint}")),
+    assert_eq!(
+        common::kubeconfig_server(kubeconfig).as_deref(),
+        Some(endpoint.as_str()),
         "{kubeconfig}"
     );
     let coredns = api
@@ -703,8 +704,8 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
     .await;
     assert_eq!(reason, "InvalidTemplate", "{message}");
     assert!(
-        message.contains("demo@3.0.0: template (ConfigMap ")
-            && message.contains("no value for values.missing"),
+        message.contains("demo@3.0.0: template demo 3.0.0 (ConfigMap ")
+            && message.contains("`values.missing` is undefined"),
         "{message}"
     );
     assert!(message.contains("coredns@1.12.2"), "{message}");

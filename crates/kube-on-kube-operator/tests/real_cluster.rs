@@ -259,7 +259,11 @@ async fn example_becomes_a_working_kubernetes(
     };
     let info = get(&["-n", "kube-public", "configmap", "cluster-info"]);
     let info = info["data"]["kubeconfig"].as_str().unwrap_or_default();
-    assert!(info.contains(&format!("server: {endpoint}")), "{info}");
+    assert_eq!(
+        common::kubeconfig_server(info).as_deref(),
+        Some(endpoint.as_str()),
+        "{info}"
+    );
     for binding in [
         "kube-on-kube:kubelet-bootstrap",
         "kube-on-kube:node-autoapprove-bootstrap",

@@ -48,9 +48,10 @@ pub enum Error {
         expected: String,
         actual: String,
     },
-    /// A template names a placeholder nobody provides a value for.
-    #[error("{what} uses placeholder {{{{{placeholder}}}}} which has no value")]
-    Template { what: String, placeholder: String },
+    /// A file or unit template cannot be rendered: an unknown key, or a
+    /// value its filter cannot write safely (named in the message).
+    #[error("{0}")]
+    Template(#[source] kok_common::template::Error),
     /// The package's health check kept failing until its timeout.
     #[error("health check of {package} {version} failed for {timeout_seconds}s: {detail}")]
     HealthCheck {
@@ -120,7 +121,7 @@ impl Error {
                 | Error::UnsupportedArch(_)
                 | Error::NoArtifact { .. }
                 | Error::ChecksumMismatch { .. }
-                | Error::Template { .. }
+                | Error::Template(_)
         )
     }
 
@@ -138,7 +139,7 @@ impl Error {
             Error::ArtifactHttp { .. } => "artifact_http",
             Error::Download { .. } => "download",
             Error::ChecksumMismatch { .. } => "checksum_mismatch",
-            Error::Template { .. } => "template",
+            Error::Template(_) => "template",
             Error::HealthCheck { .. } => "health_check",
             Error::NoPrevious { .. } => "no_previous",
             Error::Step { .. } => "install_step",

@@ -57,9 +57,7 @@ pub fn package_dir(package: &str) -> String {
 }
 
 /// Single-quotes `s` for `sh`.
-pub fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
+pub use kok_common::template::shell_quote as quote;
 
 /// Maps `uname -m` to the architecture names artifacts use.
 pub fn parse_arch(uname_m: &str) -> Result<Arch, Error> {
@@ -77,48 +75,24 @@ fn arch_name(arch: Arch) -> &'static str {
     }
 }
 
-/// Replaces every `{{name}}` in `template` by its value; a placeholder without
-/// a value is an error rather than text left for the service to trip over.
-pub fn render(
-    what: &str,
-    template: &str,
-    values: &BTreeMap<String, String>,
-) -> Result<String, Error> {
-    let mut out = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            out.push_str(&rest[start..]);
-            return Ok(out);
-        };
-        let name = after[..end].trim();
-        match values.get(name) {
-            Some(value) => out.push_str(value),
-            None => {
-                return Err(Error::Template {
-                    what: what.to_string(),
-                    placeholder: name.to_string(),
-                });
-            }
-        }
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    Ok(out)
+/// Template values: names to JSON values (strings, or lists and maps for
+/// the kubelet settings).
+pub type Values = BTreeMap<String, serde_json::Value>;
+
+/// `template` (a file's or unit's, called `what` in messages) rendered with
+/// the shared template engine; an unknown key or a value its filter cannot
+/// write safely is an error rather than text left for the service to trip
+/// over.
+pub fn render(what: &str, template: &str, values: &Values) -> Result<String, Error> {
+    kok_common::template::render(what, template, values).map_err(Error::Template)
 }
 
 /// The values templates of `spec` see: the caller's plus `packageDir`,
 /// `version` and `arch`.
-pub fn template_values(
-    spec: &PackageVersionSpec,
-    arch: Arch,
-    values: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
+pub fn template_values(spec: &PackageVersionSpec, arch: Arch, values: &Values) -> Values {
     let mut all = values.clone();
-    all.insert("packageDir".into(), package_dir(&spec.package));
-    all.insert("version".into(), spec.version.clone());
+    all.insert("packageDir".into(), package_dir(&spec.package).into());
+    all.insert("version".into(), spec.version.clone().into());
     all.insert("arch".into(), arch_name(arch).into());
     all
 }
@@ -225,10 +199,7 @@ pub(crate) const WRITE_FILE_FN: &str = r#"write_file() {
 "#;
 
 /// Step (c): config files, rendered and written when they differ.
-pub fn files_script(
-    spec: &PackageVersionSpec,
-    values: &BTreeMap<String, String>,
-) -> Result<String, Error> {
+pub fn files_script(spec: &PackageVersionSpec, values: &Values) -> Result<String, Error> {
     let mut script = format!("set -eu\n{WRITE_FILE_FN}");
     for file in &spec.install.files {
         let content = render(&file.path, &file.template, values)?;
@@ -562,7 +533,7 @@ impl<'a> Installer<'a> {
     pub async fn install(
         &self,
         spec: &PackageVersionSpec,
-        values: &BTreeMap<String, String>,
+        values: &Values,
     ) -> Result<InstallResult, Error> {
         let mut steps = Vec::new();
         let arch = self.arch().await?;
@@ -746,14 +717,37 @@ mod tests {
 
     #[test]
     fn render_fills_placeholders_and_refuses_unknown_ones() {
-        let values = BTreeMap::from([("nodeIP".to_string(), "10.0.0.2".to_string())]);
+        let values = Values::from([("nodeIP".to_string(), "10.0.0.2".into())]);
         assert_eq!(
             render("f", "ip={{nodeIP}} {{ nodeIP }}", &values).unwrap(),
             "ip=10.0.0.2 10.0.0.2"
         );
         let err = render("f", "{{clusterDNS}}", &values).unwrap_err();
         assert_eq!(err.category(), "template");
-        assert!(err.to_string().contains("{{clusterDNS}}"), "{err}");
+        assert!(
+            err.to_string().contains("`clusterDNS` is undefined"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_unit_value_cannot_add_a_directive() {
+        let values = Values::from([(
+            "nodeLabels".to_string(),
+            "a=b\nExecStartPre=/bin/sh -c 'id > /tmp/pwned'".into(),
+        )]);
+        let unit = "[Service]\nExecStart=/usr/local/bin/kubelet --node-labels={{ nodeLabels | systemd }}\n";
+        let err = render("kubelet.service", unit, &values).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("kubelet.service, line 2")
+                && message.contains("nodeLabels | systemd")
+                && message.contains("newline"),
+            "{message}"
+        );
+        // Forgetting the filter does not let it through either.
+        let bare = "[Service]\nExecStart=/usr/local/bin/kubelet --node-labels={{ nodeLabels }}\n";
+        assert!(render("kubelet.service", bare, &values).is_err());
     }
 
     #[test]
@@ -787,7 +781,7 @@ mod tests {
         let values = template_values(
             &s,
             Arch::Amd64,
-            &BTreeMap::from([("nodeIP".to_string(), "10.0.0.2".to_string())]),
+            &Values::from([("nodeIP".to_string(), "10.0.0.2".into())]),
         );
         let script = files_script(&s, &values).unwrap();
         let content = "nodeIP: 10.0.0.2\ndir: /opt/kube-on-kube/packages/kubelet\n";

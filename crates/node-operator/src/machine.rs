@@ -7,6 +7,7 @@
 //! anywhere converges; a Ready Machine whose spec, versions and Node did not
 //! change gets no SSH session until its periodic re-check.
 
+pub mod checks;
 pub mod plan;
 pub mod status;
 
@@ -230,6 +231,13 @@ async fn converge(
 ) -> Result<Action, Error> {
     let name = machine.name_any();
     let generation = machine.metadata.generation;
+    // Nothing runs on the host while a value that would reach it is unsafe.
+    if let Some(detail) = checks::unsafe_value(machine) {
+        return Err(Error::InvalidSpec {
+            machine: name,
+            detail,
+        });
+    }
     let (wanted, cpv) = wanted(ctx, machine).await?;
     // A failure only a change can fix (a checksum mismatch, a host-key
     // mismatch) is not retried on every Node or status update: only once the

@@ -116,8 +116,8 @@ fn spec(hosts: &TestHosts, version: &str, file: &str, sha: &str) -> PackageVersi
     }
 }
 
-fn values(host: &TestHost) -> BTreeMap<String, String> {
-    BTreeMap::from([("nodeIP".to_string(), host.ip().to_string())])
+fn values(host: &TestHost) -> BTreeMap<String, serde_json::Value> {
+    BTreeMap::from([("nodeIP".to_string(), host.ip().to_string().into())])
 }
 
 fn main_pid(host: &TestHost) -> String {

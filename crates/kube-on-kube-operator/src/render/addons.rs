@@ -63,7 +63,7 @@ pub struct Settings<'a> {
 pub struct Template {
     pub name: String,
     pub version: String,
-    /// Multi-document YAML with `{{placeholders}}`.
+    /// Multi-document YAML template (see `docs/addons.md`).
     pub text: String,
     /// Values used where the Cluster gives none.
     pub defaults: Map<String, Value>,
@@ -430,7 +430,7 @@ pub struct Rendered {
     pub hash: String,
 }
 
-/// Render one add-on: substitute, parse, check every object names its kind
+/// Render one add-on: render the template, parse, check every object names its kind
 /// and itself, label it as the add-on's. The node-operator's CRDs are added to
 /// its objects from the API types.
 pub fn render(
@@ -441,8 +441,8 @@ pub fn render(
 ) -> Result<Rendered, String> {
     let from = &planned.template.source;
     let values = context(planned, cluster, facts, settings)?;
-    let text = template::substitute(&planned.template.text, &values)
-        .map_err(|e| format!("template ({from}): {e}"))?;
+    let name = format!("{} {} ({from})", planned.name, planned.version);
+    let text = template::substitute(&name, &planned.template.text, &values)?;
     let mut docs = template::documents(&text).map_err(|e| format!("template ({from}): {e}"))?;
     if planned.name == NODE_OPERATOR {
         for (_, crd) in kube_on_kube_api::crds()
@@ -783,7 +783,7 @@ mod tests {
             .unwrap_or_default()
             .to_string();
         assert!(
-            kubeconfig.contains("server: https://api.prod-east.example.com:6443"),
+            kubeconfig.contains("server: \"https://api.prod-east.example.com:6443\""),
             "{kubeconfig}"
         );
         find(proxy, "DaemonSet", "kube-proxy");
@@ -859,7 +859,7 @@ mod tests {
             values: Map::new(),
         };
         let err = render(&planned, &c, &facts, &SETTINGS).expect_err("missing value");
-        assert!(err.contains("no value for values.nope"), "{err}");
+        assert!(err.contains("`values.nope` is undefined"), "{err}");
         assert!(err.contains("ConfigMap clusters/"), "{err}");
         let mut no_kind = planned.clone();
         no_kind.template.text = "apiVersion: v1\nmetadata: {name: a}\n".into();

@@ -659,3 +659,16 @@ pub fn condition_of(c: &Cluster, type_: &str) -> Option<(String, String, String)
     let c = c.status.as_ref()?.condition(type_)?;
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
+
+/// The server of the first cluster of a kubeconfig text (the add-ons embed
+/// kubeconfigs with quoted values, so they are compared parsed).
+pub fn kubeconfig_server(text: &str) -> Option<String> {
+    kube::config::Kubeconfig::from_yaml(text)
+        .ok()?
+        .clusters
+        .first()?
+        .cluster
+        .as_ref()?
+        .server
+        .clone()
+}

@@ -13,6 +13,7 @@ use kube_on_kube_api::machine::InstalledPackage;
 use kube_on_kube_api::package::PackageVersionSpec;
 
 use crate::bootstrap::MACHINE_LABEL;
+use crate::install::Values;
 use crate::rollout::node_ready;
 
 /// Node label for the Machine's zone.
@@ -138,9 +139,12 @@ pub struct ClusterValues {
     pub api_server: String,
 }
 
-/// What `{{placeholders}}` of config files and units see for `machine`.
-pub fn template_values(machine: &Machine, cluster: &ClusterValues) -> BTreeMap<String, String> {
-    let json = |v: serde_json::Value| serde_json::to_string(&v).unwrap_or_default();
+/// What the templates of config files and units see for `machine`: strings,
+/// except the kubelet settings `registerTaints`, `kubeReserved`,
+/// `systemReserved` and `evictionHard`, which are lists and maps for
+/// `| yaml`, and `kubeletExtraArgs`, a map of flag name to value.
+/// `nodeLabels` is the kubelet's `k=v,k=v` form.
+pub fn template_values(machine: &Machine, cluster: &ClusterValues) -> Values {
     let k = &machine.spec.kubelet;
     let labels = node_labels(machine)
         .iter()
@@ -149,30 +153,34 @@ pub fn template_values(machine: &Machine, cluster: &ClusterValues) -> BTreeMap<S
         .join(",");
     let quantities =
         |m: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
-            json(serde_json::json!(
+            serde_json::json!(
                 m.iter()
                     .map(|(k, v)| (k.clone(), v.0.clone()))
                     .collect::<BTreeMap<_, _>>()
-            ))
+            )
         };
     let node = node_name(machine);
-    BTreeMap::from([
-        ("nodeName".to_string(), node.clone()),
-        ("hostname".to_string(), node),
-        ("nodeIP".to_string(), machine.spec.ip.clone()),
-        ("clusterDNS".to_string(), cluster.cluster_dns.clone()),
-        ("clusterDomain".to_string(), cluster.cluster_domain.clone()),
-        ("apiServer".to_string(), cluster.api_server.clone()),
-        ("nodeLabels".to_string(), labels),
+    Values::from([
+        ("nodeName".to_string(), node.clone().into()),
+        ("hostname".to_string(), node.into()),
+        ("nodeIP".to_string(), machine.spec.ip.clone().into()),
+        ("clusterDNS".to_string(), cluster.cluster_dns.clone().into()),
         (
-            "registerTaints".to_string(),
-            json(serde_json::json!(k.taints)),
+            "clusterDomain".to_string(),
+            cluster.cluster_domain.clone().into(),
         ),
+        ("apiServer".to_string(), cluster.api_server.clone().into()),
+        ("nodeLabels".to_string(), labels.into()),
+        ("registerTaints".to_string(), serde_json::json!(k.taints)),
         ("kubeReserved".to_string(), quantities(&k.kube_reserved)),
         ("systemReserved".to_string(), quantities(&k.system_reserved)),
         (
             "evictionHard".to_string(),
-            json(serde_json::json!(k.eviction_hard)),
+            serde_json::json!(k.eviction_hard),
+        ),
+        (
+            "kubeletExtraArgs".to_string(),
+            serde_json::json!(k.extra_args),
         ),
     ])
 }
@@ -391,13 +399,14 @@ mod tests {
         );
         assert_eq!(values["nodeName"], "m1");
         assert_eq!(values["nodeIP"], "10.0.0.5");
-        assert!(values["nodeLabels"].contains("topology.kubernetes.io/zone=zone-a"));
-        assert!(values["nodeLabels"].contains("pool=general"));
+        let labels = values["nodeLabels"].as_str().unwrap();
+        assert!(labels.contains("topology.kubernetes.io/zone=zone-a"));
+        assert!(labels.contains("pool=general"));
         assert_eq!(
             values["registerTaints"],
-            r#"[{"effect":"PreferNoSchedule","key":"dedicated","value":"batch"}]"#
+            serde_json::json!([{"effect":"PreferNoSchedule","key":"dedicated","value":"batch"}])
         );
-        assert_eq!(values["kubeReserved"], "{}");
+        assert_eq!(values["kubeReserved"], serde_json::json!({}));
     }
 
     #[test]

@@ -1,70 +1,16 @@
-//! The add-on template language: multi-document YAML with `{{dotted.key}}`
-//! placeholders looked up in one JSON object of values. Deliberately tiny (no
-//! conditionals, no loops) so a template reads like the objects it makes.
+//! The add-on template language: multi-document YAML rendered with the
+//! shared template engine ([`kok_common::template`]: Jinja, strict undefined
+//! values, the `yaml`/`systemd`/`shell` filters) over one JSON object of
+//! values, then split into its documents.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-/// Whether `key` is a placeholder key; anything else between braces (a Go
-/// template such as `{{ $labels.instance }}` inside an alerting rule) is left
-/// as written.
-fn is_key(key: &str) -> bool {
-    !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
-/// The value at dotted path `key` in `values`.
-pub fn lookup<'a>(values: &'a Value, key: &str) -> Option<&'a Value> {
-    key.split('.').try_fold(values, |v, part| v.get(part))
-}
-
-/// How a value is written into the text: strings as they are (the template
-/// decides about quoting), numbers and booleans as literals, objects and lists
-/// as JSON (which is YAML flow style).
-fn text_of(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Null => "null".into(),
-        other => other.to_string(),
-    }
-}
-
-/// Replace every placeholder in `text`. Every missing key is named in the error.
-pub fn substitute(text: &str, values: &Value) -> Result<String, String> {
-    let mut out = String::with_capacity(text.len());
-    let mut missing = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            out.push_str(&rest[start..]);
-            rest = "";
-            break;
-        };
-        let key = after[..end].trim();
-        if is_key(key) {
-            match lookup(values, key) {
-                Some(v) => out.push_str(&text_of(v)),
-                None => {
-                    if !missing.contains(&key) {
-                        missing.push(key);
-                    }
-                }
-            }
-        } else {
-            out.push_str(&rest[start..start + 2 + end + 2]);
-        }
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    if missing.is_empty() {
-        Ok(out)
-    } else {
-        Err(format!("no value for {}", missing.join(", ")))
-    }
+/// `text` (called `name` in messages) rendered with `values`; an unknown key
+/// or a value a filter refuses is an error naming the expression and its
+/// line.
+pub fn substitute(name: &str, text: &str, values: &Value) -> Result<String, String> {
+    kok_common::template::render(name, text, values).map_err(|e| e.message)
 }
 
 /// The documents of a multi-document YAML text, as JSON; empty documents are
@@ -98,26 +44,48 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn placeholders_are_replaced_by_kind() {
-        let values = json!({"a": {"b": "x", "n": 3, "list": [1, 2], "obj": {"k": "v"}}});
+    fn values_are_written_by_the_filter_the_template_names() {
+        let values = json!({"a": {"b": "x: y", "n": 3, "list": [1, 2], "obj": {"k": "v"}}});
         let out = substitute(
-            "s: {{a.b}}\nn: {{ a.n }}\nl: {{a.list}}\no: {{a.obj}}\n",
+            "t",
+            "s: {{ a.b | yaml }}\nn: {{ a.n }}\nl: {{ a.list | yaml }}\no: {{ a.obj | tojson }}\n",
             &values,
         )
         .expect("substitute");
-        assert_eq!(out, "s: x\nn: 3\nl: [1,2]\no: {\"k\":\"v\"}\n");
+        assert_eq!(out, "s: \"x: y\"\nn: 3\nl: [1,2]\no: {\"k\":\"v\"}\n");
+        let docs = documents(&out).expect("yaml");
+        assert_eq!(docs[0]["s"], "x: y");
     }
 
     #[test]
-    fn missing_keys_are_all_named() {
-        let err = substitute("{{a}} {{b.c}} {{a}}", &json!({})).expect_err("missing");
-        assert_eq!(err, "no value for a, b.c");
+    fn a_value_cannot_add_a_document() {
+        let values = json!({"values": {"name": "a\n---\napiVersion: v1\nkind: Secret"}});
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: {{ values.name | yaml }}}\n";
+        let docs = documents(&substitute("t", text, &values).expect("quoted")).expect("yaml");
+        assert_eq!(docs.len(), 1);
+        assert_eq!(docs[0]["metadata"]["name"], values["values"]["name"]);
+        // Printed without a filter, the newline is refused with the key's name.
+        let raw = "metadata: {name: {{ values.name }}}\n";
+        let err = substitute("t", raw, &values).expect_err("refused");
+        assert!(
+            err.contains("values.name") && err.contains("newline"),
+            "{err}"
+        );
     }
 
     #[test]
-    fn other_braces_are_left_alone() {
-        let text = "summary: '{{ $labels.instance }} down' {{ unclosed";
-        assert_eq!(substitute(text, &json!({})).expect("kept"), text);
+    fn missing_keys_are_named() {
+        let err = substitute("t", "a: {{ b.c }}", &json!({"b": {}})).expect_err("missing");
+        assert!(err.contains("`b.c` is undefined"), "{err}");
+    }
+
+    #[test]
+    fn raw_blocks_keep_go_templates() {
+        let text = "summary: '{% raw %}{{ $labels.instance }}{% endraw %} down'";
+        assert_eq!(
+            substitute("t", text, &json!({})).expect("kept"),
+            "summary: '{{ $labels.instance }} down'"
+        );
     }
 
     #[test]

@@ -268,7 +268,14 @@ fn parse_exec(value: &str) -> Result<ExecLine, String> {
         }
         rest = &rest[1..];
     }
-    let words = split_words(rest)?;
+    // `%%` is the one specifier resolved here: a literal `%`.
+    let words: Vec<Word> = split_words(rest)?
+        .into_iter()
+        .map(|w| Word {
+            text: w.text.replace("%%", "%"),
+            ..w
+        })
+        .collect();
     let needed = if custom_argv0 { 2 } else { 1 };
     if words.len() < needed {
         return Err(format!("empty command line: {value}"));
@@ -366,19 +373,29 @@ pub fn expand(line: &ExecLine, env: &HashMap<String, String>) -> (String, Vec<St
 fn expand_braced(text: &str, env: &HashMap<String, String>) -> String {
     let mut out = String::new();
     let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        let Some(len) = rest[start + 2..].find('}') else {
-            break;
-        };
-        let name = &rest[start + 2..start + 2 + len];
-        if !is_name(name) {
-            out.push_str(&rest[..start + 2]);
-            rest = &rest[start + 2..];
+    while let Some(start) = rest.find('$') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        // `$$` is a literal `$`.
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
             continue;
         }
-        out.push_str(&rest[..start]);
-        out.push_str(env.get(name).map_or("", String::as_str));
-        rest = &rest[start + 3 + len..];
+        let braced = after
+            .strip_prefix('{')
+            .and_then(|b| b.find('}').map(|len| (&b[..len], &b[len + 1..])))
+            .filter(|(name, _)| is_name(name));
+        match braced {
+            Some((name, tail)) => {
+                out.push_str(env.get(name).map_or("", String::as_str));
+                rest = tail;
+            }
+            None => {
+                out.push('$');
+                rest = after;
+            }
+        }
     }
     out.push_str(rest);
     out
@@ -522,6 +539,13 @@ ExecStart=/usr/local/bin/kubelet $KUBELET_ARGS \\
             )
         );
         assert!(parse_exec("\"unbalanced").is_err());
+    }
+
+    #[test]
+    fn dollars_and_percents_are_escaped_by_doubling() {
+        let line = parse_exec(r#"/bin/k --l="a b \"c\" $$HOME 50%% \\x" ${X}$$"#).unwrap();
+        let (_, argv) = expand(&line, &env(&[("X", "x"), ("HOME", "/root")]));
+        assert_eq!(argv, ["/bin/k", r#"--l=a b "c" $HOME 50% \x"#, "x$"]);
     }
 
     #[test]
