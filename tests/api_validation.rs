@@ -138,6 +138,24 @@ fn cases() -> Vec<Case> {
             "downgrading the Kubernetes minor version is not supported",
         ),
         c(
+            "etcd major change",
+            "Cluster",
+            Update(vec![("spec/etcd/version", json!("4.0.0"))]),
+            "the etcd major version cannot change",
+        ),
+        c(
+            "etcd minor skip",
+            "Cluster",
+            Update(vec![("spec/etcd/version", json!("3.8.0"))]),
+            "an etcd upgrade may not skip a minor version",
+        ),
+        c(
+            "etcd minor downgrade",
+            "Cluster",
+            Update(vec![("spec/etcd/version", json!("3.5.21"))]),
+            "downgrading the etcd minor version is not supported",
+        ),
+        c(
             "etcd storage immutable",
             "Cluster",
             Update(vec![(
