@@ -17,6 +17,7 @@ pub mod pki;
 pub mod render;
 pub mod rollout;
 pub mod secrets;
+pub mod spread;
 pub mod status;
 pub mod upgrade;
 
