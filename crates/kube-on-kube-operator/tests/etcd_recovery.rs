@@ -372,18 +372,8 @@ async fn production_members_recover_or_are_replaced_keeping_quorum() {
     assert_eq!(added_here, 1, "added more than once: {added:?}");
     check_data().await;
 
-    let polled = poller.stop().await;
-    println!(
-        "business API during the faults: {} answered, {} failed {:?}, slowest {:?}",
-        polled.ok, polled.failed, polled.failures, polled.slowest
-    );
-    assert!(polled.ok > 0);
-    assert_eq!(polled.failed, 0, "{:?}", polled.failures);
-    clusters
-        .delete(name, &DeleteParams::background())
-        .await
-        .expect("delete cluster");
-    stop_operator_pod(&client, &ns).await;
+    never_down(poller, "the faults").await;
+    tear_down(&client, &ns, &clusters, name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -461,33 +451,8 @@ async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
 
     // etcd 3.6.15 → 3.6.16: members roll one at a time.
     let t = Instant::now();
-    clusters
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"etcd": {"version": NEW_ETCD}}})),
-        )
-        .await
-        .expect("upgrade etcd");
+    roll_to_new_release(&client, &ns, &clusters, name, t).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let mut fewest_ready = 3;
-    wait_for("every member on the new release", READY, async || {
-        let ready = ready_pods(&client, &ns, name, "etcd").await.len();
-        fewest_ready = fewest_ready.min(ready);
-        let c = clusters.get(name).await.ok()?;
-        let version = c
-            .status
-            .as_ref()
-            .and_then(|s| s.components.as_ref())
-            .and_then(|x| x.etcd.version.clone());
-        (etcd_converged(&c, 3) && version.as_deref() == Some(NEW_ETCD)).then_some(())
-    })
-    .await;
-    println!(
-        "etcd {OLD_ETCD} -> {NEW_ETCD} in {:?}; fewest ready members seen: {fewest_ready}",
-        t.elapsed()
-    );
-    assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
     let polled = poller.stop().await;
     println!(
         "business API during the upgrade: {} answered, {} failed {:?}, slowest {:?}",
@@ -557,6 +522,67 @@ async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
         .await
         .expect("delete cluster");
     stop_operator_pod(&client, &ns).await;
+}
+
+/// Ask for etcd `version`.
+async fn ask_etcd(clusters: &Api<Cluster>, name: &str, version: &str) {
+    clusters
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"etcd": {"version": version}}})),
+        )
+        .await
+        .expect("set the etcd version");
+}
+
+/// Ask for [`NEW_ETCD`] and wait until every member runs it, two of three
+/// serving throughout.
+async fn roll_to_new_release(
+    client: &Client,
+    ns: &str,
+    clusters: &Api<Cluster>,
+    name: &str,
+    started: Instant,
+) {
+    ask_etcd(clusters, name, NEW_ETCD).await;
+    let mut fewest_ready = 3;
+    wait_for("every member on the new release", READY, async || {
+        fewest_ready = fewest_ready.min(ready_pods(client, ns, name, "etcd").await.len());
+        let c = clusters.get(name).await.ok()?;
+        let version = c
+            .status
+            .as_ref()
+            .and_then(|s| s.components.as_ref())
+            .and_then(|x| x.etcd.version.clone());
+        (etcd_converged(&c, 3) && version.as_deref() == Some(NEW_ETCD)).then_some(())
+    })
+    .await;
+    println!(
+        "etcd {OLD_ETCD} -> {NEW_ETCD} in {:?}; fewest ready members seen: {fewest_ready}",
+        started.elapsed()
+    );
+    assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
+}
+
+/// Stop `poller`: the business API answered every call while it ran.
+async fn never_down(poller: Poller, during: &str) {
+    let polled = poller.stop().await;
+    println!(
+        "business API during {during}: {} answered, {} failed {:?}, slowest {:?}",
+        polled.ok, polled.failed, polled.failures, polled.slowest
+    );
+    assert!(polled.ok > 0);
+    assert_eq!(polled.failed, 0, "{:?}", polled.failures);
+}
+
+/// Delete the Cluster and stop its operator.
+async fn tear_down(client: &Client, ns: &str, clusters: &Api<Cluster>, name: &str) {
+    clusters
+        .delete(name, &DeleteParams::background())
+        .await
+        .expect("delete cluster");
+    stop_operator_pod(client, ns).await;
 }
 
 /// The Pod of every member, by name.
@@ -688,31 +714,7 @@ async fn host_path_members_roll_in_place_keeping_their_data() {
 
     // Version roll: 3.6.15 → 3.6.16, each member restarted on its data.
     let t = Instant::now();
-    clusters
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"etcd": {"version": NEW_ETCD}}})),
-        )
-        .await
-        .expect("upgrade etcd");
-    let mut fewest_ready = 3;
-    wait_for("every member on the new release", READY, async || {
-        fewest_ready = fewest_ready.min(ready_pods(&client, &ns, name, "etcd").await.len());
-        let c = clusters.get(name).await.ok()?;
-        let version = c
-            .status
-            .as_ref()
-            .and_then(|s| s.components.as_ref())
-            .and_then(|x| x.etcd.version.clone());
-        (etcd_converged(&c, 3) && version.as_deref() == Some(NEW_ETCD)).then_some(())
-    })
-    .await;
-    println!(
-        "etcd {OLD_ETCD} -> {NEW_ETCD} in {:?}; fewest ready members seen: {fewest_ready}",
-        t.elapsed()
-    );
-    assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
+    roll_to_new_release(&client, &ns, &clusters, name, t).await;
     let etcdctl = Etcdctl::new(&client, &ns, name).await;
     for e in member_endpoints(&client, &ns, name).await {
         assert_eq!(etcdctl.version(&e).expect("version"), NEW_ETCD, "{e}");
@@ -749,18 +751,8 @@ async fn host_path_members_roll_in_place_keeping_their_data() {
             .collect();
         assert_eq!(entries, ["data"], "{}", member_dir.display());
     }
-    let polled = poller.stop().await;
-    println!(
-        "business API during the rolls: {} answered, {} failed {:?}, slowest {:?}",
-        polled.ok, polled.failed, polled.failures, polled.slowest
-    );
-    assert!(polled.ok > 0);
-    assert_eq!(polled.failed, 0, "{:?}", polled.failures);
-    clusters
-        .delete(name, &DeleteParams::background())
-        .await
-        .expect("delete cluster");
-    stop_operator_pod(&client, &ns).await;
+    never_down(poller, "the rolls").await;
+    tear_down(&client, &ns, &clusters, name).await;
 }
 
 /// A member that fails on the version a roll gave it is left on its data
@@ -787,14 +779,7 @@ async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
         .expect("write through the business API");
 
     let t = Instant::now();
-    clusters
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"etcd": {"version": BROKEN_ETCD}}})),
-        )
-        .await
-        .expect("roll onto a broken release");
+    ask_etcd(&clusters, name, BROKEN_ETCD).await;
     let version_of = |p: &Pod| {
         p.annotations()
             .get("kubeonkube.io/etcd-version")
@@ -856,14 +841,7 @@ async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
 
     // Back to the release that works: the failed member restarts on its data.
     let t = Instant::now();
-    clusters
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"etcd": {"version": NEW_ETCD}}})),
-        )
-        .await
-        .expect("set the version back");
+    ask_etcd(&clusters, name, NEW_ETCD).await;
     wait_cluster(&clusters, name, "etcd to settle", READY, |c| {
         etcd_converged(c, 3)
     })
@@ -873,9 +851,5 @@ async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
     assert_eq!(after, before, "recovering changed the membership");
     let removed = event_notes(&client, &ns, name, "MemberReplaced").await;
     assert!(removed.is_empty(), "{removed:?}");
-    clusters
-        .delete(name, &DeleteParams::background())
-        .await
-        .expect("delete cluster");
-    stop_operator_pod(&client, &ns).await;
+    tear_down(&client, &ns, &clusters, name).await;
 }

@@ -1037,20 +1037,23 @@ fn a_roll_interrupted_by_a_crash_restarts_the_member_even_without_a_quorum() {
 fn a_member_failing_right_after_a_version_roll_is_not_replaced() {
     let v = [voter(0), voter(1), voter(2)];
     let states = [(Failed, ClaimState::Present), UP, UP];
+    let plan_on = |s: &[Slot], live: &[Member], data_outlives_pod: bool| {
+        plan(&Observed {
+            desired: 3,
+            slots: s,
+            live: Some(live),
+            recorded: None,
+            data_outlives_pod,
+            leader: None,
+        })
+    };
     let observe = |rolled: bool, outdated: bool| {
         let mut s = slots(&states);
         s[0] = s[0].clone().rolled(rolled);
         for slot in &mut s[1..] {
             slot.outdated = outdated;
         }
-        plan(&Observed {
-            desired: 3,
-            slots: &s,
-            live: Some(&v),
-            recorded: None,
-            data_outlives_pod: true,
-            leader: None,
-        })
+        plan_on(&s, &v, true)
     };
     // Rolled, the two others still to roll: the roll stops there.
     let step = observe(true, true);
@@ -1064,17 +1067,7 @@ fn a_member_failing_right_after_a_version_roll_is_not_replaced() {
     // data with the template wanted now.
     let mut s = slots(&states);
     s[0] = s[0].clone().rolled(true).outdated(true);
-    assert_eq!(
-        plan(&Observed {
-            desired: 3,
-            slots: &s,
-            live: Some(&v),
-            recorded: None,
-            data_outlives_pod: true,
-            leader: None,
-        }),
-        Step::RollMember { index: 0 }
-    );
+    assert_eq!(plan_on(&s, &v, true), Step::RollMember { index: 0 });
     // Not rolled: a failed member is replaced, as before.
     assert_eq!(
         observe(false, false),
@@ -1086,16 +1079,9 @@ fn a_member_failing_right_after_a_version_roll_is_not_replaced() {
     // A learner added by a roll (data that goes with its Pod) that fails on
     // the new version is not removed and added back over and over.
     let l = [voter(1), voter(2), learner(0, true)];
-    let mut s = slots(&[(Failed, ClaimState::Present), UP, UP]);
+    let mut s = slots(&states);
     s[0] = s[0].clone().rolled(true);
-    let step = plan(&Observed {
-        desired: 3,
-        slots: &s,
-        live: Some(&l),
-        recorded: None,
-        data_outlives_pod: false,
-        leader: None,
-    });
+    let step = plan_on(&s, &l, false);
     assert!(
         matches!(step, Step::RollFailed { index: 0, .. }),
         "{step:?}"
