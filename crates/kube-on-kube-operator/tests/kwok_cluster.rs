@@ -596,8 +596,8 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
 
 /// A Production Cluster's etcd members require a node each when three nodes
 /// match its placement, and only prefer it (with `EtcdSpread` False) when one
-/// does; either way a PodDisruptionBudget owned by the Cluster lets an
-/// eviction take at most one member.
+/// does; either way a PodDisruptionBudget owned by the Cluster lets evictions
+/// take at most one member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_members_spread_over_the_nodes_that_match_and_have_a_disruption_budget() {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -687,11 +687,19 @@ async fn etcd_members_spread_over_the_nodes_that_match_and_have_a_disruption_bud
             pdb.metadata
         );
         let spec = pdb.spec.expect("spec");
-        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
-        // It covers exactly the three members: the disruption controller
-        // counts them.
-        let counted = converge_budget(&budgets, &format!("{name}-etcd")).await;
-        assert_eq!(counted, 3, "{name}");
+        assert_eq!(spec.min_available, Some(IntOrString::Int(2)));
+        // It covers exactly the three members, and the disruption
+        // controller allows one eviction: one member may go, not two.
+        let status = converge_budget(&budgets, &format!("{name}-etcd")).await;
+        assert_eq!(
+            (
+                status.expected_pods,
+                status.current_healthy,
+                status.disruptions_allowed
+            ),
+            (3, 3, 1),
+            "{name}: {status:?}"
+        );
     }
     for name in ["spread", "packed"] {
         api.delete(name, &DeleteParams::background())
@@ -700,16 +708,16 @@ async fn etcd_members_spread_over_the_nodes_that_match_and_have_a_disruption_bud
     }
 }
 
-/// The Pods the disruption controller counts for a budget, once it has.
+/// A budget's status once the disruption controller has counted its Pods.
 async fn converge_budget(
     budgets: &Api<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
     name: &str,
-) -> i32 {
+) -> k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let status = budgets.get(name).await.expect("budget").status;
-        if let Some(s) = status.filter(|s| s.expected_pods > 0) {
-            return s.expected_pods;
+        if let Some(s) = status.filter(|s| s.expected_pods > 0 && s.current_healthy > 0) {
+            return s;
         }
         assert!(
             Instant::now() < deadline,

@@ -459,8 +459,13 @@ pub fn pod_spread(pod: &Pod) -> Option<Spread> {
 }
 
 /// The PodDisruptionBudget of the Cluster's etcd members: an eviction (a
-/// node drain) takes at most one member at a time, so a quorum stays.
+/// node drain) takes at most one member at a time, so a quorum stays. Said
+/// as `minAvailable` (all members but one): the members' controller is the
+/// Cluster, which has no scale subresource, and the disruption controller
+/// cannot count the Pods a `maxUnavailable` is relative to without one (it
+/// would then allow no eviction at all).
 pub fn disruption_budget(cluster: &Cluster, names: &Names) -> PodDisruptionBudget {
+    let members = cluster.spec.mode.replicas();
     PodDisruptionBudget {
         metadata: ObjectMeta {
             name: Some(names.etcd_disruption_budget()),
@@ -470,7 +475,7 @@ pub fn disruption_budget(cluster: &Cluster, names: &Names) -> PodDisruptionBudge
             ..Default::default()
         },
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
+            min_available: Some(IntOrString::Int(members - 1)),
             selector: Some(LabelSelector {
                 match_labels: Some(component_labels(names, Component::Etcd)),
                 ..Default::default()
@@ -738,7 +743,9 @@ mod placement {
 
         let pdb = disruption_budget(&c, &n);
         let spec = pdb.spec.expect("spec");
-        assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+        // Production: two of three stay, one may go.
+        assert_eq!(spec.min_available, Some(IntOrString::Int(2)));
+        assert_eq!(spec.max_unavailable, None);
         assert_eq!(
             spec.selector.and_then(|s| s.match_labels),
             Some(component_labels(&n, Component::Etcd))
