@@ -585,13 +585,16 @@ async fn tear_down(client: &Client, ns: &str, clusters: &Api<Cluster>, name: &st
     stop_operator_pod(client, ns).await;
 }
 
-/// The Pod of every member, by name.
+/// The member Pods that exist, by name.
 async fn member_pods(client: &Client, ns: &str, name: &str) -> Vec<Pod> {
-    let mut out = Vec::new();
-    for i in 0..3 {
-        out.push(pod_of(client, ns, &format!("{name}-etcd-{i}")).await);
-    }
-    out
+    let selector = format!("kubeonkube.io/cluster={name},kubeonkube.io/etcd-member");
+    let mut pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .expect("member pods")
+        .items;
+    pods.sort_by_key(|p| p.name_any());
+    pods
 }
 
 /// hostPath members are pinned to their node: a certificate roll and an etcd
@@ -629,7 +632,7 @@ async fn host_path_members_roll_in_place_keeping_their_data() {
             (Some(&node) == p.spec.as_ref()?.node_name.as_ref()).then_some(())?;
             nodes.push(node);
         }
-        Some(nodes)
+        (nodes.len() == 3).then_some(nodes)
     };
     let nodes = wait_for("every member pinned to its node", CONVERGE, pinned).await;
     println!("members pinned to {nodes:?}");
