@@ -16,6 +16,9 @@ enum Change {
     Create(Vec<(&'static str, Value)>),
     /// The object is created valid, then updated to this.
     Update(Vec<(&'static str, Value)>),
+    /// The object is created valid with the first changes, then updated
+    /// with the second (for rules on a field the example leaves out).
+    UpdateFrom(Vec<(&'static str, Value)>, Vec<(&'static str, Value)>),
 }
 
 /// A value that, written raw into a unit file, adds a command run as root.
@@ -166,6 +169,33 @@ fn cases() -> Vec<Case> {
             "Cluster",
             Update(vec![("spec/version", json!("1.34.2"))]),
             "downgrading the Kubernetes minor version is not supported",
+        ),
+        c(
+            "etcd major change",
+            "Cluster",
+            UpdateFrom(
+                vec![("spec/etcd/version", json!("3.6.16"))],
+                vec![("spec/etcd/version", json!("4.0.0"))],
+            ),
+            "the etcd major version cannot change",
+        ),
+        c(
+            "etcd minor skip",
+            "Cluster",
+            UpdateFrom(
+                vec![("spec/etcd/version", json!("3.6.16"))],
+                vec![("spec/etcd/version", json!("3.8.0"))],
+            ),
+            "an etcd upgrade may not skip a minor version",
+        ),
+        c(
+            "etcd minor downgrade",
+            "Cluster",
+            UpdateFrom(
+                vec![("spec/etcd/version", json!("3.6.16"))],
+                vec![("spec/etcd/version", json!("3.5.21"))],
+            ),
+            "downgrading the etcd minor version is not supported",
         ),
         c(
             "etcd storage immutable",
@@ -541,7 +571,10 @@ async fn run_case(
             let obj: DynamicObject = serde_json::from_value(doc).map_err(|e| e.to_string())?;
             expect_rejected(case, api.create(&PostParams::default(), &obj).await).await
         }
-        Change::Update(changes) => {
+        Change::Update(changes) | Change::UpdateFrom(_, changes) => {
+            if let Change::UpdateFrom(before, _) = &case.change {
+                apply_changes(&mut doc, before);
+            }
             let valid: DynamicObject =
                 serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
             let created = api

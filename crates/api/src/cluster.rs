@@ -181,9 +181,16 @@ pub struct ComponentSpec {
     pub resources: Option<ResourceRequirements>,
 }
 
-/// etcd settings.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+/// etcd settings. A change of `version` may move the minor version forward
+/// by at most one, never back: etcd members only run beside peers one minor
+/// version apart, and an older minor version cannot run on newer data.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.version) || !has(oldSelf.version) || self.version.split('.')[0] == oldSelf.version.split('.')[0]").message("the etcd major version cannot change"),
+    validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("an etcd upgrade may not skip a minor version: upgrade one minor version at a time (for example 3.5.x to 3.6.x)"),
+    validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("downgrading the etcd minor version is not supported: an older etcd cannot run on the data a newer one wrote")
+)]
 pub struct EtcdSpec {
     /// Image, version, flags and resources of every member.
     #[serde(flatten)]
@@ -543,6 +550,9 @@ pub fn cluster_name_allowed(name: &str) -> bool {
 
 /// Condition types of a Cluster's status.
 pub const ETCD_READY: &str = "EtcdReady";
+/// True when every etcd member Pod requires a node of its own; False when
+/// too few nodes match the placement and members may share one.
+pub const ETCD_SPREAD: &str = "EtcdSpread";
 pub const APISERVER_READY: &str = "APIServerReady";
 pub const CONTROLLER_MANAGER_READY: &str = "ControllerManagerReady";
 pub const SCHEDULER_READY: &str = "SchedulerReady";

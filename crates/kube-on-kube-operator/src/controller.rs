@@ -10,6 +10,7 @@ use futures::StreamExt as _;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::backoff::{Backoff, Poll};
 use kok_common::watch::{OwnWrites, changes, hash};
@@ -246,6 +247,13 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
             ctx.clone(),
             metadata(
                 scoped::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace),
+                &selector,
+            ),
+        ))
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            metadata(
+                scoped::<PartialObjectMeta<PodDisruptionBudget>>(&client, namespace),
                 &selector,
             ),
         ));
@@ -1406,6 +1414,11 @@ mod tests {
             version: None,
             condition: crate::etcd::Health {
                 ready: settled,
+                reason: "Test",
+                message: String::new(),
+            },
+            spread: crate::etcd::Health {
+                ready: true,
                 reason: "Test",
                 message: String::new(),
             },

@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolumeClaim, Pod, PodCondition, Secret, Service,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::watch::OwnWrites;
@@ -87,6 +88,47 @@ pub fn desired_image(cluster: &Cluster, config: &Config) -> String {
         })
 }
 
+/// The version and image the members are to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub version: String,
+    pub image: String,
+    /// Why the version the Cluster asks for was refused; the members keep
+    /// `version` and `image`, the ones they run.
+    pub refused: Option<String>,
+}
+
+/// The version and image the members are to run: the ones the Cluster asks
+/// for, unless moving there from `settled` (the version every member ran
+/// when etcd last settled) skips or goes back a minor version; then the ones
+/// the members run.
+pub fn target(cluster: &Cluster, config: &Config, settled: Option<&str>, pods: &[Pod]) -> Target {
+    let version = desired_version(cluster, config);
+    let refused = settled.and_then(|from| {
+        crate::upgrade::check_etcd_version_change(from, &version)
+            .err()
+            .map(|e| (from, e))
+    });
+    match refused {
+        None => Target {
+            image: desired_image(cluster, config),
+            version,
+            refused: None,
+        },
+        Some((from, reason)) => {
+            let running = pods
+                .iter()
+                .filter(|p| annotation(p, render::VERSION_ANNOTATION) == Some(from))
+                .find_map(|p| p.spec.as_ref()?.containers.first()?.image.clone());
+            Target {
+                image: running.unwrap_or_else(|| format!("{}/etcd:{from}-0", config.registry)),
+                version: from.to_string(),
+                refused: Some(reason),
+            }
+        }
+    }
+}
+
 /// What the etcd step saw and did, for the status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
@@ -100,6 +142,8 @@ pub struct Report {
     pub version: Option<String>,
     /// EtcdReady.
     pub condition: Health,
+    /// EtcdSpread: whether the member Pods require a node each.
+    pub spread: Health,
     /// True when every wanted member is a healthy voter at the desired
     /// version and template and no change is under way: see [`settled`].
     pub settled: bool,
@@ -183,7 +227,8 @@ pub fn settling(pod: Option<&Pod>, now: Timestamp) -> bool {
 
 /// The planner's view of a member's data. Without claims the data lives in
 /// the Pod (emptyDir, or a node directory the next Pod may not land on): it
-/// is there exactly while the Pod is.
+/// is there exactly while the Pod is; [`slots`] adds that a hostPath member
+/// pinned to its node keeps it past its Pod.
 pub fn claim_state(
     uses_claims: bool,
     claim: Option<&PersistentVolumeClaim>,
@@ -223,6 +268,11 @@ pub struct SlotView<'a> {
     pub claim: Option<&'a PersistentVolumeClaim>,
     /// The config hash a Pod of this slot must carry now.
     pub hash: String,
+    /// A hostPath member pinned to the node that holds its data: its data
+    /// outlives its Pod, as a claim's does.
+    pub pinned: bool,
+    /// The Pod was restarted by a version roll that is not over.
+    pub rolled: bool,
 }
 
 /// The planner's slots from what was observed.
@@ -240,11 +290,29 @@ pub fn slots(
             let outdated = v
                 .pod
                 .is_some_and(|p| annotation(p, CONFIG_HASH_ANNOTATION) != Some(v.hash.as_str()));
-            Slot::new(names, index, pod, claim_state(uses_claims, v.claim, pod))
+            let claim = match claim_state(uses_claims, v.claim, pod) {
+                ClaimState::Absent if v.pinned => ClaimState::Present,
+                claim => claim,
+            };
+            Slot::new(names, index, pod, claim)
                 .outdated(outdated)
                 .settling(pod == PodState::Ready && settling(v.pod, now))
+                .rolled(v.rolled)
         })
         .collect()
+}
+
+/// Whether `pod` was made by a version roll that is not over: it runs
+/// another version than `settled`, the one every member ran when etcd last
+/// settled (the status keeps it until the roll is over).
+pub fn rolled(pod: Option<&Pod>, settled: Option<&str>) -> bool {
+    match (
+        pod.and_then(|p| annotation(p, render::VERSION_ANNOTATION)),
+        settled,
+    ) {
+        (Some(runs), Some(settled)) => runs != settled,
+        _ => false,
+    }
 }
 
 /// A member's health as its own endpoint reports it.
@@ -334,6 +402,11 @@ pub fn health(
             "Waiting",
             format!("{summary}; {reason}"),
         ),
+        Step::RollFailed { reason, .. } => (
+            serving > desired / 2 && serving > 0,
+            ROLL_FAILED,
+            format!("{summary}; {reason}"),
+        ),
         change => (
             serving > desired / 2 && serving > 0,
             "MembershipChanging",
@@ -369,7 +442,7 @@ pub fn health_from_pods(desired: usize, step: &Step, slots: &[Slot]) -> (Health,
         }
     } else {
         let why = match step {
-            Step::Wait { reason } => reason.clone(),
+            Step::Wait { reason } | Step::RollFailed { reason, .. } => reason.clone(),
             other => other.kind().to_string(),
         };
         Health {
@@ -424,26 +497,61 @@ pub async fn reconcile(
     let services_api: Api<Service> = Api::namespaced(client.clone(), ns);
     let desired = cluster.spec.mode.replicas() as usize;
     let uses_claims = cluster.spec.etcd.storage.claim_template.is_some();
-    let version = desired_version(cluster, &ctx.config);
-    let image = desired_image(cluster, &ctx.config);
+    let on_host_path = !uses_claims
+        && cluster
+            .spec
+            .etcd
+            .storage
+            .volume_source
+            .as_ref()
+            .is_some_and(|v| v.host_path.is_some());
     let now = Timestamp::now();
+    // The version every member ran when etcd last settled.
+    let previous_version = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.components.as_ref())
+        .and_then(|c| c.etcd.version.clone());
 
     // Fetch.
     let pods: Vec<Pod> = pods.iter().filter(|p| is_member(p)).cloned().collect();
+    // A version change etcd cannot take is refused: the members keep the
+    // version and image they run, so nothing rolls.
+    let target = target(cluster, &ctx.config, previous_version.as_deref(), &pods);
+    let (version, image) = (target.version.clone(), target.image.clone());
     let claims: Vec<PersistentVolumeClaim> = if uses_claims {
         list(ctx, &claims_api, names).await?
     } else {
         Vec::new()
     };
+    let member_pod = |i: usize| {
+        pods.iter()
+            .find(|p| index_of(names, &p.name_any()) == Some(i))
+    };
+    // Where each hostPath member's data is: its scheduled Pod's node and
+    // directory, else what its Service recorded.
+    let pins: Vec<Option<render::Pin>> = (0..MAX_MEMBERS)
+        .map(|i| {
+            on_host_path
+                .then(|| {
+                    member_pod(i).and_then(render::pod_pin).or_else(|| {
+                        services
+                            .get(&names.etcd_member(i))
+                            .and_then(render::service_pin)
+                    })
+                })
+                .flatten()
+        })
+        .collect();
     let views: Vec<SlotView<'_>> = (0..MAX_MEMBERS)
         .map(|i| SlotView {
-            pod: pods
-                .iter()
-                .find(|p| index_of(names, &p.name_any()) == Some(i)),
+            pod: member_pod(i),
             claim: claims
                 .iter()
                 .find(|c| index_of(names, &c.name_any()) == Some(i)),
             hash: member_hash(names, secrets, i, &image),
+            pinned: pins[i].is_some(),
+            rolled: rolled(member_pod(i), previous_version.as_deref()),
         })
         .collect();
     let slots = slots(names, &views, uses_claims, now);
@@ -464,9 +572,31 @@ pub async fn reconcile(
     service(render::client_service(cluster, names)).await?;
     for (index, slot) in slots.iter().enumerate() {
         if index < desired || slot.pod != PodState::Absent || slot.claim != ClaimState::Absent {
-            service(render::member_service(cluster, names, index)).await?;
+            let svc = render::member_service(cluster, names, index);
+            service(match &pins[index] {
+                Some(pin) => render::pinned(svc, pin),
+                None => svc,
+            })
+            .await?;
         }
     }
+
+    // At most one member away at a time, whoever drains the nodes.
+    let budgets_api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let budgets: BTreeMap<String, PodDisruptionBudget> = list(ctx, &budgets_api, names)
+        .await?
+        .into_iter()
+        .map(|b| (b.name_any(), b))
+        .collect();
+    apply_if_changed(
+        ctx,
+        names,
+        &budgets_api,
+        &render::disruption_budget(cluster, names),
+        &budgets,
+        resource_version,
+    )
+    .await?;
 
     let etcd = match client_for(names, secrets, &slots) {
         Ok(c) => Some(c),
@@ -499,10 +629,18 @@ pub async fn reconcile(
         slots: &slots,
         live: live.as_deref(),
         recorded: recorded.as_ref(),
-        data_outlives_pod: uses_claims,
+        data_outlives_pod: uses_claims || on_host_path,
         leader: answers.as_ref().and_then(leader),
     });
     tracing::debug!(step = ?step, "etcd plan");
+
+    // Members created now are spread over the nodes that can take them.
+    let spread = match &step {
+        Step::Bootstrap { .. } | Step::StartMember { .. } if desired > 1 => Some(
+            crate::spread::for_new_pods(client, cluster.spec.placement.as_ref(), desired).await,
+        ),
+        _ => None,
+    };
 
     // Record, then act.
     let mut deferred = None;
@@ -514,6 +652,21 @@ pub async fn reconcile(
             }
         }
         Step::Wait { .. } => {}
+        Step::RollFailed { index, reason } => {
+            // Once, as the roll stops.
+            if etcd_ready_reason(cluster) != Some(ROLL_FAILED) {
+                crate::controller::publish_related(
+                    ctx,
+                    cluster,
+                    EventType::Warning,
+                    "EtcdRollFailed",
+                    "RollMember",
+                    reason.clone(),
+                    Some(pod_ref(names, *index)),
+                )
+                .await;
+            }
+        }
         change => {
             if recorded.as_ref() != Some(change) {
                 record(client, names, Some(change)).await?;
@@ -526,6 +679,9 @@ pub async fn reconcile(
                 claims: &claims_api,
                 slots: &slots,
                 etcd: etcd.as_ref(),
+                live: live.as_deref(),
+                pins: on_host_path.then_some(pins.as_slice()),
+                spread,
                 image: &image,
                 version: &version,
                 secrets,
@@ -550,12 +706,7 @@ pub async fn reconcile(
         },
         None => step.clone(),
     };
-    let previous_version = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.components.as_ref())
-        .and_then(|c| c.etcd.version.clone());
-    let report = match (&etcd, &live) {
+    let mut report = match (&etcd, &live) {
         (Some(etcd), Some(live)) => {
             let answers = match answers {
                 Some(answers) if !acted => answers,
@@ -572,6 +723,7 @@ pub async fn reconcile(
                 ready,
                 version: running,
                 condition,
+                spread: crate::spread::condition(desired, &pods),
                 settled: settled && slots[..desired].iter().all(|s| !s.outdated),
                 pods,
                 requeue: None,
@@ -592,17 +744,35 @@ pub async fn reconcile(
                 ready,
                 version: running,
                 condition,
+                spread: crate::spread::condition(desired, &pods),
                 settled,
                 pods,
                 requeue: None,
             }
         }
     };
+    if let Some(refused) = &target.refused {
+        if etcd_ready_reason(cluster) != Some(VERSION_REFUSED) {
+            publish(
+                ctx,
+                cluster,
+                EventType::Warning,
+                "EtcdUpgradeRefused",
+                "UpgradeEtcd",
+                refused.clone(),
+            )
+            .await;
+        }
+        report.condition.reason = VERSION_REFUSED;
+        report.condition.message = format!(
+            "{}; etcd version change refused: {refused}",
+            report.condition.message
+        );
+    }
     // Until a roll is over (every member healthy on the desired version), the
     // status keeps the version etcd ran before it: a half-rolled cluster does
     // not run the new version yet, and the end of the roll is then seen as a
     // change of version, once.
-    let mut report = report;
     if !report.settled && previous_version.is_some() {
         report.version = previous_version.clone();
     }
@@ -751,6 +921,55 @@ async fn record(client: &Client, names: &Names, step: Option<&Step>) -> Result<(
     Ok(())
 }
 
+/// Where a hostPath member's Pod keeps its data: a member etcd lists but
+/// that never started (just added) gets a directory of its own, named after
+/// its member ID, on any node; a member that ran before comes back to its
+/// pinned node and directory; the members a new cluster starts with use the
+/// first directory.
+pub fn start_pin(live: Option<&[Member]>, slot: &Slot, pin: Option<&render::Pin>) -> render::Pin {
+    let added = live
+        .into_iter()
+        .flatten()
+        .find(|m| m.peer_urls.contains(&slot.peer_url) && m.name.is_empty());
+    match (added, pin) {
+        (Some(m), _) => render::Pin {
+            node: None,
+            data_dir: render::added_data_dir(m.id),
+        },
+        (None, Some(pin)) => pin.clone(),
+        (None, None) => render::Pin {
+            node: None,
+            data_dir: render::FIRST_DATA_DIR.into(),
+        },
+    }
+}
+
+/// EtcdReady's reason while a version change is refused.
+pub const VERSION_REFUSED: &str = "VersionRefused";
+
+/// EtcdReady's reason while a failed roll holds.
+pub const ROLL_FAILED: &str = "RollFailed";
+
+/// The reason of the Cluster's EtcdReady condition, as last reported.
+fn etcd_ready_reason(cluster: &Cluster) -> Option<&str> {
+    cluster
+        .status
+        .as_ref()?
+        .condition(kube_on_kube_api::cluster::ETCD_READY)
+        .map(|c| c.reason.as_str())
+}
+
+/// The Pod of member `index`, as an Event's related object.
+fn pod_ref(names: &Names, index: usize) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(names.namespace.clone()),
+        name: Some(names.etcd_member(index)),
+        ..Default::default()
+    }
+}
+
 /// Carrying out one step.
 struct Act<'a> {
     ctx: &'a Context,
@@ -760,6 +979,12 @@ struct Act<'a> {
     claims: &'a Api<PersistentVolumeClaim>,
     slots: &'a [Slot],
     etcd: Option<&'a EtcdClient>,
+    /// etcd's member list, when it answered.
+    live: Option<&'a [Member]>,
+    /// Per slot, where a hostPath member's data is; `None` off hostPath.
+    pins: Option<&'a [Option<render::Pin>]>,
+    /// How new member Pods keep off each other's nodes (Production).
+    spread: Option<render::Spread>,
     image: &'a str,
     version: &'a str,
     secrets: &'a BTreeMap<String, Secret>,
@@ -873,6 +1098,15 @@ impl Act<'_> {
                 )
                 .await;
             }
+            Step::DeleteClaim { index } if self.pins.is_some() => {
+                // A removed hostPath member's directory stays where it is;
+                // forgetting the pin lets its slot's next member start in a
+                // directory of its own, on any node.
+                let api: Api<Service> =
+                    Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
+                let unpinned = render::member_service(self.cluster, self.names, *index);
+                crate::controller::apply(&api, &unpinned).await?;
+            }
             Step::DeleteClaim { index } => {
                 if self.cluster.spec.etcd.storage.claim_template.is_some() {
                     crate::ownership::delete_owned(
@@ -884,7 +1118,7 @@ impl Act<'_> {
                     .await?;
                 }
             }
-            Step::Wait { .. } | Step::Done => {}
+            Step::Wait { .. } | Step::RollFailed { .. } | Step::Done => {}
         }
         Ok(Outcome::Acted)
     }
@@ -935,6 +1169,17 @@ impl Act<'_> {
                 config_hash: &hash,
             },
         );
+        let pod = match self.pins {
+            Some(pins) => render::on_data(
+                pod,
+                &start_pin(self.live, &self.slots[index], pins[index].as_ref()),
+            ),
+            None => pod,
+        };
+        let pod = match self.spread {
+            Some(spread) => render::spread(pod, self.names, spread),
+            None => pod,
+        };
         let pod_name = pod.name_any();
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(created) => {
@@ -972,13 +1217,7 @@ impl Act<'_> {
     /// An Event about member `index` (its Pod is the related object), so
     /// the same change to different members is not folded into one series.
     async fn member_event(&self, index: Option<usize>, reason: &str, action: &str, note: String) {
-        let related = index.map(|i| ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(self.names.namespace.clone()),
-            name: Some(self.names.etcd_member(i)),
-            ..Default::default()
-        });
+        let related = index.map(|i| pod_ref(self.names, i));
         crate::controller::publish_related(
             self.ctx,
             self.cluster,

@@ -22,6 +22,7 @@ pub mod refused;
 pub mod render;
 pub mod rollout;
 pub mod secrets;
+pub mod spread;
 pub mod status;
 pub mod upgrade;
 

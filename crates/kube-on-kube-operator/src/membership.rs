@@ -49,6 +49,10 @@ pub struct Slot {
     /// to it again yet: restarting another member now could leave them none
     /// to talk to, although etcd keeps its quorum.
     pub settling: bool,
+    /// The Pod runs another etcd version than the one every member ran when
+    /// etcd last settled: it was restarted by a version roll that is not
+    /// over. Such a member that fails is not replaced: the roll stops.
+    pub rolled: bool,
 }
 
 impl Slot {
@@ -62,12 +66,20 @@ impl Slot {
             claim,
             outdated: false,
             settling: false,
+            rolled: false,
         }
     }
 
     /// The same slot, with its Pod marked as running an outdated template.
     pub fn outdated(mut self, outdated: bool) -> Self {
         self.outdated = outdated;
+        self
+    }
+
+    /// The same slot, with its Pod marked as restarted by an unfinished
+    /// version roll.
+    pub fn rolled(mut self, rolled: bool) -> Self {
+        self.rolled = rolled;
         self
     }
 
@@ -162,13 +174,24 @@ pub enum Step {
     Wait {
         reason: String,
     },
+    /// The member at `index` failed after a version roll restarted it. It
+    /// is left on its data, unreplaced, and the roll goes no further: the
+    /// new version is the likely cause, and a fresh member on it would fail
+    /// the same way after costing the failed member's copy of the data.
+    RollFailed {
+        index: usize,
+        reason: String,
+    },
     Done,
 }
 
 impl Step {
     /// Whether this step changes something (and so must be recorded first).
     pub fn is_change(&self) -> bool {
-        !matches!(self, Step::Wait { .. } | Step::Done)
+        !matches!(
+            self,
+            Step::Wait { .. } | Step::RollFailed { .. } | Step::Done
+        )
     }
 
     /// Short static name, for logs, events and metric labels.
@@ -183,6 +206,7 @@ impl Step {
             Step::DeleteClaim { .. } => "delete-claim",
             Step::RollMember { .. } => "roll",
             Step::Wait { .. } => "wait",
+            Step::RollFailed { .. } => "roll-failed",
             Step::Done => "done",
         }
     }
@@ -347,11 +371,20 @@ fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
         }
     }
 
-    // 3. Replace voters that failed or lost their data.
+    // 3. Replace voters that failed or lost their data; not one that failed
+    //    on the version a roll just gave it.
     for m in &members {
         let Some(index) = m.slot else { continue };
         let slot = &o.slots[index];
         let lost_data = m.started() && slot.claim != ClaimState::Present;
+        if slot.pod == PodState::Failed && slot.rolled && !lost_data {
+            // Once the template changed again (the version set back), it is
+            // restarted on its data with it; until then it is left alone.
+            if slot.outdated && o.data_outlives_pod {
+                return Step::RollMember { index };
+            }
+            return roll_failed(index, slot);
+        }
         if slot.pod == PodState::Failed || lost_data {
             let why = if lost_data { "lost its data" } else { "failed" };
             return remove(o, &members, m, &format!("member {} {why}", slot.name));
@@ -476,10 +509,21 @@ fn finish_learner(
         // A claim of a learner can only be the fresh one made to start it.
         (PodState::Absent, _) => start_member(o, live, index),
         (PodState::Ready, _) => Step::Promote { id, index },
+        (PodState::Failed, _) if slot.rolled => roll_failed(index, slot),
         (PodState::Failed, _) => remove(o, members, learner, "learner failed"),
         (PodState::NotReady | PodState::Terminating, _) => {
             wait(format!("learner {} is catching up", slot.name))
         }
+    }
+}
+
+fn roll_failed(index: usize, slot: &Slot) -> Step {
+    Step::RollFailed {
+        index,
+        reason: format!(
+            "member {} keeps failing since a version roll restarted it; the roll stops and the member is left on its data, not replaced",
+            slot.name
+        ),
     }
 }
 

@@ -95,6 +95,10 @@ impl Names {
     pub fn etcd_client_service(&self) -> String {
         self.prefixed("etcd")
     }
+    /// PodDisruptionBudget of the etcd members.
+    pub fn etcd_disruption_budget(&self) -> String {
+        self.prefixed("etcd")
+    }
     /// Deployment of a stateless component.
     pub fn deployment(&self, component: Component) -> String {
         self.prefixed(component.as_str())

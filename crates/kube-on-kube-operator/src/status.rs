@@ -15,7 +15,7 @@ use crate::names::{Component, Names};
 /// Condition types (part of the API).
 pub use kube_on_kube_api::cluster::{
     ADDONS_READY, APISERVER_READY, CERTIFICATES_READY, CONTROLLER_MANAGER_READY, ETCD_READY,
-    PROGRESSING, READY, SCHEDULER_READY,
+    ETCD_SPREAD, PROGRESSING, READY, SCHEDULER_READY,
 };
 
 /// What the reconcile saw and did.
@@ -185,6 +185,16 @@ pub fn build(
             format!("{} etcd members ready", components.etcd.ready),
         ),
     };
+    // Not part of readiness: members sharing a node still serve.
+    if let Some(r) = observed.etcd {
+        set(
+            ETCD_SPREAD,
+            r.spread.ready,
+            r.spread.reason,
+            r.spread.reason,
+            r.spread.message.clone(),
+        );
+    }
     // The rollout's own rule, not a second reading of etcd's health.
     let api_waits =
         crate::rollout::apiserver_waits(observed.apiserver, observed.etcd.map_or(0, |r| r.ready));

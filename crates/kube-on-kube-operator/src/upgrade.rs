@@ -68,22 +68,32 @@ fn parse(version: &str) -> Option<(u64, u64, u64)> {
 /// the API server's validation also enforces on `spec.version`). Versions that
 /// do not parse are not judged here; the API schema checks their form.
 pub fn check_version_change(from: &str, to: &str) -> Result<(), String> {
+    check_change("Kubernetes", "v", from, to)
+}
+
+/// The same rule for etcd, whose members only run with peers one minor
+/// version apart and cannot go back to an older minor version's data.
+pub fn check_etcd_version_change(from: &str, to: &str) -> Result<(), String> {
+    check_change("etcd", "", from, to)
+}
+
+fn check_change(what: &str, v: &str, from: &str, to: &str) -> Result<(), String> {
     let (Some(old), Some(new)) = (parse(from), parse(to)) else {
         return Ok(());
     };
     if old.0 != new.0 {
         return Err(format!(
-            "the Kubernetes major version cannot change (v{from} to v{to})"
+            "the {what} major version cannot change ({v}{from} to {v}{to})"
         ));
     }
     if new.1 > old.1 + 1 {
         return Err(format!(
-            "upgrading from v{from} to v{to} skips a minor version; upgrade one minor version at a time"
+            "upgrading from {v}{from} to {v}{to} skips a minor version; upgrade one minor version at a time"
         ));
     }
     if new.1 < old.1 {
         return Err(format!(
-            "downgrading the minor version from v{from} to v{to} is not supported"
+            "downgrading the minor version from {v}{from} to {v}{to} is not supported"
         ));
     }
     Ok(())

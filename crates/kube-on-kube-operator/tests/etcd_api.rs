@@ -416,6 +416,7 @@ impl<'a> Driver<'a> {
                 },
                 outdated: false,
                 settling: false,
+                rolled: false,
             });
         }
         (slots, self.client.member_list().await.ok())
@@ -461,7 +462,7 @@ impl<'a> Driver<'a> {
             }
             Step::DeletePod { index } | Step::RollMember { index } => self.running[*index] = None,
             Step::DeleteClaim { index } => std::fs::remove_dir_all(self.data_dir(*index)).unwrap(),
-            Step::Wait { .. } | Step::Done => {}
+            Step::Wait { .. } | Step::RollFailed { .. } | Step::Done => {}
         }
         true
     }

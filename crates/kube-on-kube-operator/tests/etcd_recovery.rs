@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::PodRunner;
 use kok_testenv::wait::wait_for;
@@ -28,13 +28,19 @@ use serde_json::json;
 /// The release an upgrade starts from, and its image tag.
 const OLD_ETCD: &str = "3.6.15";
 const NEW_ETCD: &str = "3.6.16";
+/// A release that cannot start.
+const BROKEN_ETCD: &str = "3.6.99";
 
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
     RUNNER.get_or_init(|| {
         let old = kok_testenv::bins::bin(&format!("etcd-v{OLD_ETCD}"))
             .unwrap_or_else(|e| panic!("the previous etcd release: {e}"));
-        start_runner(vec![(format!("etcd:{OLD_ETCD}-0"), old)])
+        // A "release" whose members exit at once, for a roll that fails.
+        start_runner(vec![
+            (format!("etcd:{OLD_ETCD}-0"), old),
+            (format!("etcd:{BROKEN_ETCD}-0"), "/bin/false".into()),
+        ])
     })
 }
 
@@ -48,14 +54,41 @@ async fn setup(
     mode: ClusterMode,
     etcd: &str,
 ) -> (Client, String, Api<Cluster>) {
+    setup_with(prefix, name, mode, etcd, |_| {}).await
+}
+
+/// The etcd hostPath prefix the tests' operators allow; a Cluster's
+/// directories go under `<root>/<namespace>`, as the operator requires.
+fn host_path_root() -> std::path::PathBuf {
+    std::env::temp_dir().join("kok-etcd-host-paths")
+}
+
+/// [`setup`], with the Cluster changed by `edit` before it is created.
+async fn setup_with(
+    prefix: &str,
+    name: &str,
+    mode: ClusterMode,
+    etcd: &str,
+    edit: impl FnOnce(&mut Cluster),
+) -> (Client, String, Api<Cluster>) {
     let runner = runner();
     let env = KubeEnv::shared();
     let client = env.client().await;
     let ns = env.namespace(prefix).await;
     grant_operator(&client, &ns).await;
-    start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
+    start_operator_pod_with(
+        &client,
+        &ns,
+        &runner.nodes()[0],
+        &[format!(
+            "--etcd-host-path-prefixes={}",
+            host_path_root().display()
+        )],
+    )
+    .await;
     let mut cluster = test_cluster(&ns, name, mode);
     cluster.spec.etcd.component.version = Some(etcd.into());
+    edit(&mut cluster);
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     clusters
         .create(&PostParams::default(), &cluster)
@@ -354,18 +387,8 @@ async fn production_members_recover_or_are_replaced_keeping_quorum() {
     assert_eq!(added_here, 1, "added more than once: {added:?}");
     check_data().await;
 
-    let polled = poller.stop().await;
-    println!(
-        "business API during the faults: {} answered, {} failed {:?}, slowest {:?}",
-        polled.ok, polled.failed, polled.failures, polled.slowest
-    );
-    assert!(polled.ok > 0);
-    assert_eq!(polled.failed, 0, "{:?}", polled.failures);
-    clusters
-        .delete(name, &DeleteParams::background())
-        .await
-        .expect("delete cluster");
-    stop_operator_pod(&client, &ns).await;
+    never_down(poller, "the faults").await;
+    tear_down(&client, &ns, &clusters, name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,33 +466,8 @@ async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
 
     // etcd 3.6.15 → 3.6.16: members roll one at a time.
     let t = Instant::now();
-    clusters
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"etcd": {"version": NEW_ETCD}}})),
-        )
-        .await
-        .expect("upgrade etcd");
+    roll_to_new_release(&client, &ns, &clusters, name, t).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let mut fewest_ready = 3;
-    wait_for("every member on the new release", READY, async || {
-        let ready = ready_pods(&client, &ns, name, "etcd").await.len();
-        fewest_ready = fewest_ready.min(ready);
-        let c = clusters.get(name).await.ok()?;
-        let version = c
-            .status
-            .as_ref()
-            .and_then(|s| s.components.as_ref())
-            .and_then(|x| x.etcd.version.clone());
-        (etcd_converged(&c, 3) && version.as_deref() == Some(NEW_ETCD)).then_some(())
-    })
-    .await;
-    println!(
-        "etcd {OLD_ETCD} -> {NEW_ETCD} in {:?}; fewest ready members seen: {fewest_ready}",
-        t.elapsed()
-    );
-    assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
     let polled = poller.stop().await;
     println!(
         "business API during the upgrade: {} answered, {} failed {:?}, slowest {:?}",
@@ -539,4 +537,344 @@ async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
         .await
         .expect("delete cluster");
     stop_operator_pod(&client, &ns).await;
+}
+
+/// Ask for etcd `version`.
+async fn ask_etcd(clusters: &Api<Cluster>, name: &str, version: &str) {
+    clusters
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"etcd": {"version": version}}})),
+        )
+        .await
+        .expect("set the etcd version");
+}
+
+/// Ask for [`NEW_ETCD`] and wait until every member runs it, two of three
+/// serving throughout.
+async fn roll_to_new_release(
+    client: &Client,
+    ns: &str,
+    clusters: &Api<Cluster>,
+    name: &str,
+    started: Instant,
+) {
+    ask_etcd(clusters, name, NEW_ETCD).await;
+    let mut fewest_ready = 3;
+    wait_for("every member on the new release", READY, async || {
+        fewest_ready = fewest_ready.min(ready_pods(client, ns, name, "etcd").await.len());
+        let c = clusters.get(name).await.ok()?;
+        let version = c
+            .status
+            .as_ref()
+            .and_then(|s| s.components.as_ref())
+            .and_then(|x| x.etcd.version.clone());
+        (etcd_converged(&c, 3) && version.as_deref() == Some(NEW_ETCD)).then_some(())
+    })
+    .await;
+    println!(
+        "etcd {OLD_ETCD} -> {NEW_ETCD} in {:?}; fewest ready members seen: {fewest_ready}",
+        started.elapsed()
+    );
+    assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
+}
+
+/// Stop `poller`: the business API answered every call while it ran.
+async fn never_down(poller: Poller, during: &str) {
+    let polled = poller.stop().await;
+    println!(
+        "business API during {during}: {} answered, {} failed {:?}, slowest {:?}",
+        polled.ok, polled.failed, polled.failures, polled.slowest
+    );
+    assert!(polled.ok > 0);
+    assert_eq!(polled.failed, 0, "{:?}", polled.failures);
+}
+
+/// Delete the Cluster and stop its operator.
+async fn tear_down(client: &Client, ns: &str, clusters: &Api<Cluster>, name: &str) {
+    clusters
+        .delete(name, &DeleteParams::background())
+        .await
+        .expect("delete cluster");
+    stop_operator_pod(client, ns).await;
+}
+
+/// The member Pods that exist, by name.
+async fn member_pods(client: &Client, ns: &str, name: &str) -> Vec<Pod> {
+    let selector = format!("kubeonkube.io/cluster={name},kubeonkube.io/etcd-member");
+    let mut pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .expect("member pods")
+        .items;
+    pods.sort_by_key(|p| p.name_any());
+    pods
+}
+
+/// hostPath members are pinned to their node: a certificate roll and an etcd
+/// version roll restart each member on its own data, on its node, as the same
+/// member, with every key kept and the business API answering throughout. No
+/// member is removed or added (before, a rolled hostPath member was removed,
+/// added back onto its old directory, refused by its peers and crash-looped,
+/// leaving two of three members).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_path_members_roll_in_place_keeping_their_data() {
+    let name = "hostpath";
+    // Under the allowed prefix and the test's namespace (known once the
+    // Cluster is built), removed with the test.
+    let dir = std::cell::RefCell::new(None::<tempfile::TempDir>);
+    let (client, ns, clusters) = setup_with(
+        "etcd-hostpath",
+        name,
+        ClusterMode::Production,
+        OLD_ETCD,
+        |c| {
+            let parent = host_path_root().join(c.namespace().expect("namespace"));
+            std::fs::create_dir_all(&parent).expect("hostPath parent");
+            let made = tempfile::tempdir_in(&parent).expect("tempdir");
+            let path = made.path().display().to_string();
+            *dir.borrow_mut() = Some(made);
+            c.spec.etcd.storage =
+                serde_json::from_value(json!({"volumeSource": {"hostPath": {"path": path}}}))
+                    .expect("storage");
+        },
+    )
+    .await;
+    let dir = dir.into_inner().expect("hostPath directory");
+    wait_serving(&clusters, name, 3).await;
+    let before = check_member_list(&client, &ns, name, 3).await;
+    // Each member's Service records the node its data is on.
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let pinned = async || {
+        let mut nodes = Vec::new();
+        for p in member_pods(&client, &ns, name).await {
+            let svc = services.get(&p.name_any()).await.ok()?;
+            let node = svc.annotations().get("kubeonkube.io/etcd-node")?.clone();
+            (Some(&node) == p.spec.as_ref()?.node_name.as_ref()).then_some(())?;
+            nodes.push(node);
+        }
+        (nodes.len() == 3).then_some(nodes)
+    };
+    let nodes = wait_for("every member pinned to its node", CONVERGE, pinned).await;
+    println!("members pinned to {nodes:?}");
+
+    wait_apiserver_rolled_out(&client, &ns, name, 3).await;
+    let business = business_client(&client, &ns, name).await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
+    for i in 0..20 {
+        config_maps
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(
+                    json!({"metadata": {"name": format!("key-{i}")}, "data": {"i": i.to_string()}}),
+                )
+                .expect("configmap"),
+            )
+            .await
+            .expect("write through the business API");
+    }
+    let check_data = async || {
+        for i in 0..20 {
+            let cm = config_maps
+                .get(&format!("key-{i}"))
+                .await
+                .unwrap_or_else(|e| panic!("key-{i} lost: {e}"));
+            assert_eq!(
+                cm.data.unwrap_or_default().get("i").cloned(),
+                Some(i.to_string())
+            );
+        }
+    };
+    let poller = Poller::start(business.clone(), "default", "key-0");
+
+    // Certificate roll: every member's certificates are issued again (their
+    // Secrets deleted), so every member restarts, one at a time.
+    let t = Instant::now();
+    let pods_before: Vec<String> = member_pods(&client, &ns, name)
+        .await
+        .iter()
+        .map(uid)
+        .collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        for cert in ["server", "peer"] {
+            secrets
+                .delete(&format!("{name}-etcd-{i}-{cert}"), &DeleteParams::default())
+                .await
+                .expect("delete member certificate");
+        }
+    }
+    let mut fewest_ready = 3;
+    wait_for(
+        "every member restarted with new certificates",
+        READY,
+        async || {
+            fewest_ready = fewest_ready.min(ready_pods(&client, &ns, name, "etcd").await.len());
+            let now: Vec<String> = Api::<Pod>::namespaced(client.clone(), &ns)
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .filter(|p| p.name_any().starts_with(&format!("{name}-etcd-")))
+                .map(uid)
+                .collect();
+            let c = clusters.get(name).await.ok()?;
+            (now.len() == 3
+                && now.iter().all(|u| !pods_before.contains(u))
+                && etcd_converged(&c, 3))
+            .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "certificate roll in {:?}; fewest ready members seen: {fewest_ready}",
+        t.elapsed()
+    );
+    assert!(fewest_ready >= 2, "quorum lost: {fewest_ready} ready");
+    let after = check_member_list(&client, &ns, name, 3).await;
+    assert_eq!(after, before, "a certificate roll changed the membership");
+    check_data().await;
+
+    // Version roll: 3.6.15 → 3.6.16, each member restarted on its data.
+    let t = Instant::now();
+    roll_to_new_release(&client, &ns, &clusters, name, t).await;
+    let etcdctl = Etcdctl::new(&client, &ns, name).await;
+    for e in member_endpoints(&client, &ns, name).await {
+        assert_eq!(etcdctl.version(&e).expect("version"), NEW_ETCD, "{e}");
+    }
+    let after = check_member_list(&client, &ns, name, 3).await;
+    assert_eq!(after, before, "a version roll changed the membership");
+    check_data().await;
+
+    // The same members on the same nodes and directories: nothing removed,
+    // added, or started beside its first data directory.
+    let pods = member_pods(&client, &ns, name).await;
+    let on: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    assert_eq!(on, nodes, "a member moved to another node");
+    for reason in ["MemberRemoved", "MemberReplaced", "MemberAdded"] {
+        let notes = event_notes(&client, &ns, name, reason).await;
+        assert!(notes.is_empty(), "{reason}: {notes:?}");
+    }
+    let restarted = event_notes(&client, &ns, name, "MemberRestarting").await;
+    for i in 0..3 {
+        let member = format!("{name}-etcd-{i}");
+        assert!(
+            restarted.iter().any(|n| n.contains(&member)),
+            "{restarted:?}"
+        );
+    }
+    for i in 0..3 {
+        let member_dir = dir.path().join(format!("{name}-etcd-{i}"));
+        let entries: Vec<String> = std::fs::read_dir(&member_dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", member_dir.display()))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(entries, ["data"], "{}", member_dir.display());
+    }
+    never_down(poller, "the rolls").await;
+    tear_down(&client, &ns, &clusters, name).await;
+}
+
+/// A member that fails on the version a roll gave it is left on its data
+/// while the others serve: not removed, not replaced, and the roll stops
+/// with EtcdReady saying which member and why. Asking for the previous
+/// version again restarts it on its data, as the same member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
+    let name = "badroll";
+    let (client, ns, clusters) =
+        setup("etcd-badroll", name, ClusterMode::Production, NEW_ETCD).await;
+    wait_serving(&clusters, name, 3).await;
+    let before = check_member_list(&client, &ns, name, 3).await;
+    wait_apiserver_rolled_out(&client, &ns, name, 3).await;
+    let business = business_client(&client, &ns, name).await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
+    config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "kept"}, "data": {"v": "1"}}))
+                .expect("configmap"),
+        )
+        .await
+        .expect("write through the business API");
+
+    let t = Instant::now();
+    ask_etcd(&clusters, name, BROKEN_ETCD).await;
+    let version_of = |p: &Pod| {
+        p.annotations()
+            .get("kubeonkube.io/etcd-version")
+            .cloned()
+            .unwrap_or_default()
+    };
+    // Until the member is judged failed (5 minutes not ready), and after:
+    // one member on the broken release, the others untouched, nobody removed.
+    let stopped = wait_for(
+        "the roll to stop on the failed member",
+        Duration::from_secs(600),
+        async || {
+            let pods = member_pods(&client, &ns, name).await;
+            let broken = pods.iter().filter(|p| version_of(p) == BROKEN_ETCD).count();
+            assert!(broken <= 1, "the roll went on past a failed member");
+            let removed = event_notes(&client, &ns, name, "MemberReplaced").await;
+            assert!(
+                removed.is_empty(),
+                "a failed member was replaced: {removed:?}"
+            );
+            let c = clusters.get(name).await.ok()?;
+            let etcd = c.status.as_ref()?.condition("EtcdReady")?.clone();
+            (etcd.reason == "RollFailed").then_some(etcd)
+        },
+    )
+    .await;
+    println!("roll stopped after {:?}: {}", t.elapsed(), stopped.message);
+    let failed = member_pods(&client, &ns, name)
+        .await
+        .into_iter()
+        .find(|p| version_of(p) == BROKEN_ETCD)
+        .expect("the failed member's pod");
+    assert!(
+        stopped.message.contains(&failed.name_any()),
+        "{}",
+        stopped.message
+    );
+    let notes = event_notes(&client, &ns, name, "EtcdRollFailed").await;
+    assert!(
+        notes.iter().any(|n| n.contains(&failed.name_any())),
+        "{notes:?}"
+    );
+    // Still a member, with its ID: its data was not thrown away.
+    let etcdctl = Etcdctl::new(&client, &ns, name).await;
+    let endpoints = member_endpoints(&client, &ns, name).await;
+    let listed = etcdctl.member_list(&endpoints).expect("member list");
+    assert_eq!(listed, before, "the failed member was removed");
+    assert_eq!(
+        config_maps
+            .get("kept")
+            .await
+            .expect("read back")
+            .data
+            .unwrap_or_default()
+            .get("v")
+            .cloned(),
+        Some("1".to_string())
+    );
+
+    // Back to the release that works: the failed member restarts on its data.
+    let t = Instant::now();
+    ask_etcd(&clusters, name, NEW_ETCD).await;
+    wait_cluster(&clusters, name, "etcd to settle", READY, |c| {
+        etcd_converged(c, 3)
+    })
+    .await;
+    println!("recovered after {:?}", t.elapsed());
+    let after = check_member_list(&client, &ns, name, 3).await;
+    assert_eq!(after, before, "recovering changed the membership");
+    let removed = event_notes(&client, &ns, name, "MemberReplaced").await;
+    assert!(removed.is_empty(), "{removed:?}");
+    tear_down(&client, &ns, &clusters, name).await;
 }

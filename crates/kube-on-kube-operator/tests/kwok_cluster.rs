@@ -557,3 +557,136 @@ async fn a_failing_addon_step_is_retried_alone_until_something_changes() {
         .await
         .expect("delete");
 }
+
+/// A Production Cluster's etcd members require a node each when three nodes
+/// match its placement, and only prefer it (with `EtcdSpread` False) when one
+/// does; either way a PodDisruptionBudget owned by the Cluster lets evictions
+/// take at most one member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_members_spread_over_the_nodes_that_match_and_have_a_disruption_budget() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use kube_on_kube_api::cluster::Placement;
+
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kwok-spread").await;
+    let ctx = context(&client, Config::default());
+    let api: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    // The three kwok nodes, or only the first of them.
+    for (name, selector) in [
+        ("spread", ("type", "kwok")),
+        ("packed", ("kubernetes.io/hostname", "kwok-node-0")),
+    ] {
+        let mut c = kwok_cluster(ClusterMode::Production, &ns, name);
+        c.spec.placement = Some(Placement {
+            node_selector: [(selector.0.to_string(), selector.1.to_string())].into(),
+            tolerations: vec![],
+        });
+        api.create(&PostParams::default(), &c)
+            .await
+            .expect("create");
+    }
+    for (name, required, spread) in [("spread", true, "True"), ("packed", false, "False")] {
+        let cluster = converge(
+            &ctx,
+            &api,
+            name,
+            control_plane_ready,
+            Duration::from_secs(120),
+        )
+        .await;
+        let members = pods
+            .list(&ListParams::default().labels(&format!(
+                "kubeonkube.io/cluster={name},kubeonkube.io/etcd-member"
+            )))
+            .await
+            .expect("member pods")
+            .items;
+        assert_eq!(members.len(), 3, "{name}");
+        let mut nodes: Vec<String> = Vec::new();
+        for p in &members {
+            let spec = p.spec.clone().expect("spec");
+            let anti = spec
+                .affinity
+                .and_then(|a| a.pod_anti_affinity)
+                .unwrap_or_else(|| panic!("{name}: no anti-affinity on {}", p.name_any()));
+            let terms = if required {
+                anti.required_during_scheduling_ignored_during_execution
+            } else {
+                anti.preferred_during_scheduling_ignored_during_execution
+                    .map(|w| w.into_iter().map(|w| w.pod_affinity_term).collect())
+            }
+            .unwrap_or_else(|| panic!("{name}: required={required} expected: {:?}", p.spec));
+            assert_eq!(terms[0].topology_key, "kubernetes.io/hostname");
+            nodes.extend(spec.node_name);
+        }
+        nodes.sort();
+        nodes.dedup();
+        // With the rule required the scheduler put each member on a node of
+        // its own; with one node they share it and still run.
+        assert_eq!(
+            nodes.len(),
+            if required { 3 } else { 1 },
+            "{name}: {nodes:?}"
+        );
+        let c = cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.condition("EtcdSpread"))
+            .expect("EtcdSpread");
+        assert_eq!(c.status, spread, "{name}: {c:?}");
+        if !required {
+            assert_eq!(c.reason, "NotEnoughNodes", "{c:?}");
+        }
+
+        let pdb = budgets.get(&format!("{name}-etcd")).await.expect("budget");
+        assert!(
+            pdb.owner_references()
+                .iter()
+                .any(|o| o.uid == cluster.uid().unwrap_or_default() && o.controller == Some(true)),
+            "{name}: {:?}",
+            pdb.metadata
+        );
+        let spec = pdb.spec.expect("spec");
+        assert_eq!(spec.min_available, Some(IntOrString::Int(2)));
+        // It covers exactly the three members, and the disruption
+        // controller allows one eviction: one member may go, not two.
+        let status = converge_budget(&budgets, &format!("{name}-etcd")).await;
+        assert_eq!(
+            (
+                status.expected_pods,
+                status.current_healthy,
+                status.disruptions_allowed
+            ),
+            (3, 3, 1),
+            "{name}: {status:?}"
+        );
+    }
+    for name in ["spread", "packed"] {
+        api.delete(name, &DeleteParams::background())
+            .await
+            .expect("delete");
+    }
+}
+
+/// A budget's status once the disruption controller has counted its Pods.
+async fn converge_budget(
+    budgets: &Api<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+    name: &str,
+) -> k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = budgets.get(name).await.expect("budget").status;
+        if let Some(s) = status.filter(|s| s.expected_pods > 0 && s.current_healthy > 0) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no expected Pods counted"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

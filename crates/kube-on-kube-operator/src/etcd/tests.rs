@@ -162,16 +162,19 @@ fn a_pod_with_another_hash_is_outdated() {
             pod: Some(&current),
             claim: None,
             hash: "new".into(),
+            ..Default::default()
         },
         SlotView {
             pod: Some(&old),
             claim: None,
             hash: "new".into(),
+            ..Default::default()
         },
         SlotView {
             pod: None,
             claim: None,
             hash: "new".into(),
+            ..Default::default()
         },
     ];
     let s = slots(&n, &views, false, at(10));
@@ -339,6 +342,11 @@ fn the_report_decides_settled() {
             reason: "MembersHealthy",
             message: String::new(),
         },
+        spread: Health {
+            ready: true,
+            reason: "SingleMember",
+            message: String::new(),
+        },
         settled: true,
         pods: vec![],
         requeue: None,
@@ -364,4 +372,115 @@ fn images_follow_the_version_unless_given() {
     assert_eq!(desired_image(&c, &config), "mirror/etcd:x");
     c.spec.etcd.component.version = None;
     assert_eq!(desired_version(&c, &config), config.etcd_version);
+}
+
+/// A hostPath member pinned to its node keeps its data past its Pod, as a
+/// claim's member does; one never pinned (its Pod never scheduled) does not.
+#[test]
+fn a_pinned_host_path_member_keeps_its_data_without_its_pod() {
+    let n = names();
+    let views = [
+        SlotView {
+            pinned: true,
+            ..Default::default()
+        },
+        SlotView::default(),
+    ];
+    let s = slots(&n, &views, false, at(10));
+    assert_eq!(s[0].claim, ClaimState::Present);
+    assert_eq!(s[1].claim, ClaimState::Absent);
+}
+
+/// Where a hostPath member's Pod keeps its data: a member added to the
+/// running cluster never reuses a directory (a removed member's data stays
+/// where it was); a member that ran before goes back to its node and
+/// directory; a new cluster's members use the first directory.
+#[test]
+fn host_path_members_start_on_their_own_data_or_on_a_fresh_directory() {
+    let n = names();
+    let slot = membership::Slot::new(&n, 1, PodState::Absent, ClaimState::Present);
+    let member = |name: &str| Member {
+        id: 0xabc,
+        name: name.into(),
+        peer_urls: vec![slot.peer_url.clone()],
+        client_urls: vec![],
+        is_learner: true,
+    };
+    let pinned = render::Pin {
+        node: Some("node-b".into()),
+        data_dir: "data".into(),
+    };
+    // Just added (it has no name yet): a directory of its own, any node,
+    // even though the slot's previous member left a pin.
+    let added = [member("")];
+    assert_eq!(
+        start_pin(Some(&added), &slot, Some(&pinned)),
+        render::Pin {
+            node: None,
+            data_dir: "member-abc".into()
+        }
+    );
+    // Started before: back to its node and directory, with or without a
+    // member list.
+    let started = [member("c-etcd-1")];
+    assert_eq!(start_pin(Some(&started), &slot, Some(&pinned)), pinned);
+    assert_eq!(start_pin(None, &slot, Some(&pinned)), pinned);
+    assert_eq!(
+        start_pin(None, &slot, None).data_dir,
+        render::FIRST_DATA_DIR
+    );
+}
+
+#[test]
+fn a_pod_running_another_version_than_the_settled_one_was_rolled() {
+    let mut p = pod("c-etcd-0", false, 6, 0);
+    p.metadata.annotations =
+        Some([(render::VERSION_ANNOTATION.to_string(), "3.6.16".to_string())].into());
+    assert!(rolled(Some(&p), Some("3.6.15")));
+    assert!(!rolled(Some(&p), Some("3.6.16")));
+    // Before etcd ever settled, nothing was rolled.
+    assert!(!rolled(Some(&p), None));
+    assert!(!rolled(None, Some("3.6.15")));
+}
+
+/// A version change that skips or goes back a minor version leaves the
+/// members on the version and image they run.
+#[test]
+fn a_refused_etcd_version_keeps_what_the_members_run() {
+    let config = Config::default();
+    let mut c: Cluster =
+        serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+            .expect("example");
+    let mut running = pod("c-etcd-0", true, 0, 0);
+    running.metadata.annotations =
+        Some([(render::VERSION_ANNOTATION.to_string(), "3.5.21".to_string())].into());
+    running.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        containers: vec![k8s_openapi::api::core::v1::Container {
+            name: "etcd".into(),
+            image: Some("mirror.example/etcd:3.5.21-0".into()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let pods = [running];
+    for (to, refused) in [
+        ("3.7.1", true),   // skips 3.6
+        ("3.4.9", true),   // downgrade
+        ("3.6.16", false), // next minor
+        ("3.5.10", false), // patch downgrade: same data format
+    ] {
+        c.spec.etcd.component.version = Some(to.into());
+        let t = target(&c, &config, Some("3.5.21"), &pods);
+        assert_eq!(t.refused.is_some(), refused, "{to}: {t:?}");
+        if refused {
+            assert_eq!(t.version, "3.5.21");
+            assert_eq!(t.image, "mirror.example/etcd:3.5.21-0");
+        } else {
+            assert_eq!(t.version, to);
+            assert_eq!(t.image, format!("registry.k8s.io/etcd:{to}-0"));
+        }
+    }
+    // Nothing settled yet: whatever the Cluster asks.
+    c.spec.etcd.component.version = Some("3.7.1".into());
+    assert!(target(&c, &config, None, &pods).refused.is_none());
 }

@@ -681,7 +681,9 @@ impl World {
                 self.claims[*index] = ClaimState::Absent;
                 self.stale_data[*index] = false;
             }
-            Step::Wait { reason } => panic!("model never waits, got: {reason} in {self:?}"),
+            Step::Wait { reason } | Step::RollFailed { reason, .. } => {
+                panic!("model never waits, got: {reason} in {self:?}")
+            }
             Step::Done => self.recorded = None,
         }
     }
@@ -1024,6 +1026,64 @@ fn a_roll_interrupted_by_a_crash_restarts_the_member_even_without_a_quorum() {
                 ..
             }
         ),
+        "{step:?}"
+    );
+}
+
+/// A member that fails on the version a roll gave it is left alone while
+/// the others serve: neither removed (its data wiped) nor the roll carried
+/// further. The same failure of a member a roll did not touch is replaced.
+#[test]
+fn a_member_failing_right_after_a_version_roll_is_not_replaced() {
+    let v = [voter(0), voter(1), voter(2)];
+    let states = [(Failed, ClaimState::Present), UP, UP];
+    let plan_on = |s: &[Slot], live: &[Member], data_outlives_pod: bool| {
+        plan(&Observed {
+            desired: 3,
+            slots: s,
+            live: Some(live),
+            recorded: None,
+            data_outlives_pod,
+            leader: None,
+        })
+    };
+    let observe = |rolled: bool, outdated: bool| {
+        let mut s = slots(&states);
+        s[0] = s[0].clone().rolled(rolled);
+        for slot in &mut s[1..] {
+            slot.outdated = outdated;
+        }
+        plan_on(&s, &v, true)
+    };
+    // Rolled, the two others still to roll: the roll stops there.
+    let step = observe(true, true);
+    let Step::RollFailed { index, reason } = &step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(*index, 0);
+    assert!(reason.contains("c-etcd-0"), "{reason}");
+    assert!(!step.is_change());
+    // The version set back (its template changes again): restarted on its
+    // data with the template wanted now.
+    let mut s = slots(&states);
+    s[0] = s[0].clone().rolled(true).outdated(true);
+    assert_eq!(plan_on(&s, &v, true), Step::RollMember { index: 0 });
+    // Not rolled: a failed member is replaced, as before.
+    assert_eq!(
+        observe(false, false),
+        Step::RemoveMember {
+            id: id_of(0),
+            index: Some(0)
+        }
+    );
+    // A learner added by a roll (data that goes with its Pod) that fails on
+    // the new version is not removed and added back over and over.
+    let l = [voter(1), voter(2), learner(0, true)];
+    let mut s = slots(&states);
+    s[0] = s[0].clone().rolled(true);
+    let step = plan_on(&s, &l, false);
+    assert!(
+        matches!(step, Step::RollFailed { index: 0, .. }),
         "{step:?}"
     );
 }

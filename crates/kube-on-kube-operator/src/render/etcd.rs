@@ -5,12 +5,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe,
-    ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeProjection,
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, Probe, ProjectedVolumeSource, SecretProjection, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_on_kube_api::cluster::Cluster;
 
@@ -66,7 +68,7 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
     let client_url = names.etcd_client_url(&member);
     let mut args: BTreeMap<String, String> = [
         ("name", member.clone()),
-        ("data-dir", format!("{DATA_DIR}/data")),
+        ("data-dir", format!("{DATA_DIR}/{FIRST_DATA_DIR}")),
         (
             "listen-client-urls",
             format!("https://0.0.0.0:{CLIENT_PORT}"),
@@ -281,6 +283,209 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
     }
 }
 
+/// Annotations on a hostPath member's Service that pin it to its data: the
+/// node its Pod ran on and the data directory it used there. A member's
+/// Service lives as long as its slot, so they outlive the Pod.
+pub const NODE_ANNOTATION: &str = "kubeonkube.io/etcd-node";
+pub const DATA_DIR_ANNOTATION: &str = "kubeonkube.io/etcd-data-dir";
+
+/// The data directory (under [`DATA_DIR`]) of members created with the
+/// cluster, and of every member not on hostPath.
+pub const FIRST_DATA_DIR: &str = "data";
+
+/// Where a hostPath member's data is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pin {
+    /// The node whose directory holds the data; `None` until the Pod that
+    /// writes it is scheduled.
+    pub node: Option<String>,
+    /// The data directory's name under [`DATA_DIR`].
+    pub data_dir: String,
+}
+
+/// The data directory of a member added to a running cluster with `id`: a
+/// name no earlier member of the slot used, so a member added back onto a
+/// node that still holds a removed member's directory starts empty (etcd
+/// refuses a re-added member that brings its removed self's data), and no
+/// directory is ever wiped.
+pub fn added_data_dir(id: u64) -> String {
+    format!("member-{id:x}")
+}
+
+/// `pod` keeping its data at `pin`: etcd's `--data-dir` is the pinned
+/// directory, and with a node the Pod may only run there (the data is on
+/// that node's disk). The directory is also recorded on the Pod, from where
+/// the member's Service takes it once the Pod is scheduled.
+pub fn on_data(mut pod: Pod, pin: &Pin) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(DATA_DIR_ANNOTATION.into(), pin.data_dir.clone());
+    let Some(spec) = pod.spec.as_mut() else {
+        return pod;
+    };
+    for c in &mut spec.containers {
+        for arg in c.args.iter_mut().flatten() {
+            if arg.starts_with("--data-dir=") {
+                *arg = format!("--data-dir={DATA_DIR}/{}", pin.data_dir);
+            }
+        }
+    }
+    if let Some(node) = &pin.node {
+        spec.affinity
+            .get_or_insert_with(Default::default)
+            .node_affinity = Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.clone()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        });
+    }
+    pod
+}
+
+/// The pin a hostPath member's Pod shows: its node once scheduled, and the
+/// data directory it was created with.
+pub fn pod_pin(pod: &Pod) -> Option<Pin> {
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let data_dir = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DATA_DIR_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| FIRST_DATA_DIR.into());
+    Some(Pin {
+        node: Some(node),
+        data_dir,
+    })
+}
+
+/// The pin recorded on a member's Service.
+pub fn service_pin(service: &Service) -> Option<Pin> {
+    let a = service.metadata.annotations.as_ref()?;
+    Some(Pin {
+        node: Some(a.get(NODE_ANNOTATION)?.clone()),
+        data_dir: a.get(DATA_DIR_ANNOTATION)?.clone(),
+    })
+}
+
+/// `service` recording `pin`.
+pub fn pinned(mut service: Service, pin: &Pin) -> Service {
+    let annotations = service
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new);
+    if let Some(node) = &pin.node {
+        annotations.insert(NODE_ANNOTATION.into(), node.clone());
+    }
+    annotations.insert(DATA_DIR_ANNOTATION.into(), pin.data_dir.clone());
+    service
+}
+
+/// Label key of the topology etcd members are spread over: one member per
+/// node.
+pub const SPREAD_TOPOLOGY: &str = "kubernetes.io/hostname";
+
+/// How a Production Cluster's members are kept off each other's nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// One member per node, or the member is not scheduled: enough nodes
+    /// match the Cluster's placement.
+    Required,
+    /// Apart where the scheduler can: too few nodes match, and members
+    /// sharing a node beats members not running.
+    Preferred,
+}
+
+/// `pod` kept apart from its Cluster's other members, as `spread` says.
+pub fn spread(mut pod: Pod, names: &Names, spread: Spread) -> Pod {
+    let term = PodAffinityTerm {
+        label_selector: Some(LabelSelector {
+            match_labels: Some(component_labels(names, Component::Etcd)),
+            ..Default::default()
+        }),
+        topology_key: SPREAD_TOPOLOGY.into(),
+        ..Default::default()
+    };
+    let anti = match spread {
+        Spread::Required => PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![term]),
+            ..Default::default()
+        },
+        Spread::Preferred => PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: term,
+                },
+            ]),
+            ..Default::default()
+        },
+    };
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.affinity
+            .get_or_insert_with(Default::default)
+            .pod_anti_affinity = Some(anti);
+    }
+    pod
+}
+
+/// The spread a member Pod was created with, if any.
+pub fn pod_spread(pod: &Pod) -> Option<Spread> {
+    let anti = pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .pod_anti_affinity
+        .as_ref()?;
+    if anti
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .is_some_and(|r| !r.is_empty())
+    {
+        Some(Spread::Required)
+    } else {
+        Some(Spread::Preferred)
+    }
+}
+
+/// The PodDisruptionBudget of the Cluster's etcd members: an eviction (a
+/// node drain) takes at most one member at a time, so a quorum stays. Said
+/// as `minAvailable` (all members but one): the members' controller is the
+/// Cluster, which has no scale subresource, and the disruption controller
+/// cannot count the Pods a `maxUnavailable` is relative to without one (it
+/// would then allow no eviction at all).
+pub fn disruption_budget(cluster: &Cluster, names: &Names) -> PodDisruptionBudget {
+    let members = cluster.spec.mode.replicas();
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(names.etcd_disruption_budget()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(component_labels(names, Component::Etcd)),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(members - 1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(component_labels(names, Component::Etcd)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 /// The headless Service that gives member `index` its stable DNS name; it
 /// publishes the address before the member is ready, because peers must find
 /// each other to become ready at all.
@@ -444,6 +649,111 @@ mod tests {
                 .contains_key(MEMBER_LABEL)
         );
         assert!(member_claim(&c, &n, 0).is_some());
+    }
+}
+
+#[cfg(test)]
+mod placement {
+    use super::*;
+
+    fn pod() -> (Cluster, Names, Pod) {
+        let c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        let n = Names::new(&c, "cluster.local");
+        let pod = member_pod(
+            &c,
+            &n,
+            &MemberPod {
+                index: 0,
+                initial_cluster: &[],
+                state: ClusterState::Existing,
+                version: "3.6.16",
+                image: "registry.k8s.io/etcd:3.6.16-0",
+                config_hash: "abc",
+            },
+        );
+        (c, n, pod)
+    }
+
+    #[test]
+    fn a_pinned_member_runs_on_its_node_in_its_directory() {
+        let (_, _, pod) = pod();
+        let pin = Pin {
+            node: Some("node-b".into()),
+            data_dir: added_data_dir(0xabc),
+        };
+        let pod = on_data(pod, &pin);
+        let spec = pod.spec.clone().expect("spec");
+        let args = spec.containers[0].args.clone().expect("args");
+        assert!(args.contains(&"--data-dir=/var/lib/etcd/member-abc".to_string()));
+        assert_eq!(
+            args.iter().filter(|a| a.starts_with("--data-dir=")).count(),
+            1
+        );
+        let terms = spec
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+            .expect("required node affinity")
+            .node_selector_terms;
+        let field = &terms[0].match_fields.as_ref().expect("fields")[0];
+        assert_eq!(
+            (field.key.as_str(), field.values.clone()),
+            ("metadata.name", Some(vec!["node-b".to_string()]))
+        );
+        // Read back as the Pod's pin once scheduled there.
+        let mut scheduled = pod;
+        if let Some(s) = scheduled.spec.as_mut() {
+            s.node_name = Some("node-b".into());
+        }
+        assert_eq!(pod_pin(&scheduled), Some(pin.clone()));
+        // Recorded on, and read back from, the member's Service.
+        let (c, n, _) = self::pod();
+        let svc = pinned(member_service(&c, &n, 0), &pin);
+        assert_eq!(service_pin(&svc), Some(pin));
+        assert_eq!(service_pin(&member_service(&c, &n, 0)), None);
+    }
+
+    #[test]
+    fn members_are_spread_required_or_preferred_and_budgeted() {
+        let (c, n, pod) = pod();
+        let required = spread(pod.clone(), &n, Spread::Required);
+        let anti = required
+            .spec
+            .as_ref()
+            .and_then(|s| s.affinity.clone())
+            .and_then(|a| a.pod_anti_affinity)
+            .expect("anti-affinity");
+        let term = &anti
+            .required_during_scheduling_ignored_during_execution
+            .expect("required")[0];
+        assert_eq!(term.topology_key, SPREAD_TOPOLOGY);
+        let selector = term
+            .label_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .expect("labels");
+        // Every member of this Cluster, and only of this Cluster.
+        assert_eq!(selector, component_labels(&n, Component::Etcd));
+        assert_eq!(pod_spread(&required), Some(Spread::Required));
+        let preferred = spread(pod.clone(), &n, Spread::Preferred);
+        assert_eq!(pod_spread(&preferred), Some(Spread::Preferred));
+        assert_eq!(pod_spread(&pod), None);
+
+        let pdb = disruption_budget(&c, &n);
+        let spec = pdb.spec.expect("spec");
+        // Production: two of three stay, one may go.
+        assert_eq!(spec.min_available, Some(IntOrString::Int(2)));
+        assert_eq!(spec.max_unavailable, None);
+        assert_eq!(
+            spec.selector.and_then(|s| s.match_labels),
+            Some(component_labels(&n, Component::Etcd))
+        );
+        assert_eq!(
+            pdb.metadata.owner_references.expect("owner")[0].controller,
+            Some(true)
+        );
     }
 }
 

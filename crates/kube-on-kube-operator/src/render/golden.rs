@@ -68,7 +68,7 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
     let mut etcd_services: Vec<Service> = Vec::new();
     let mut claims = Vec::new();
     for index in 0..members {
-        etcd_pods.push(etcd::member_pod(
+        let pod = etcd::member_pod(
             cluster,
             &names,
             &MemberPod {
@@ -79,7 +79,13 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
                 image: &etcd_image,
                 config_hash: "hash",
             },
-        ));
+        );
+        // As created with a node for each member.
+        etcd_pods.push(if members > 1 {
+            etcd::spread(pod, &names, etcd::Spread::Required)
+        } else {
+            pod
+        });
         etcd_services.push(etcd::member_service(cluster, &names, index));
         claims.extend(etcd::member_claim(cluster, &names, index));
     }
@@ -100,6 +106,10 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
     let mut files = vec![
         (format!("{prefix}/etcd-pods.yaml"), yaml(&etcd_pods)),
         (format!("{prefix}/etcd-services.yaml"), yaml(&etcd_services)),
+        (
+            format!("{prefix}/etcd-disruption-budget.yaml"),
+            yaml(&[etcd::disruption_budget(cluster, &names)]),
+        ),
         (
             format!("{prefix}/kube-apiserver.yaml"),
             yaml(&[control_plane::apiserver(

@@ -624,6 +624,15 @@ async fn prepare_volumes(ctx: &PodCtx) -> Result<BTreeMap<String, PathBuf>, Stri
                 out.insert(volume.name.clone(), dir);
             }
             Source::HostPath(path) => {
+                // As the kubelet does for `DirectoryOrCreate`.
+                if volume
+                    .host_path
+                    .as_ref()
+                    .is_some_and(|h| h.type_.as_deref() == Some("DirectoryOrCreate"))
+                {
+                    std::fs::create_dir_all(&path)
+                        .map_err(|e| format!("volume {}: {e}", volume.name))?;
+                }
                 out.insert(volume.name.clone(), path);
             }
         }
