@@ -48,6 +48,27 @@ pub enum Error {
         expected: String,
         actual: String,
     },
+    /// A name from a spec or a status would lead outside its directory on
+    /// the host; nothing was run with it.
+    #[error("refusing {what} {path:?}: {reason}")]
+    UnsafePath {
+        what: String,
+        path: String,
+        reason: &'static str,
+    },
+    /// The artifact holds an entry that would land outside its version
+    /// directory (an absolute path, a `..`, a link pointing out) or is not
+    /// an archive; it was discarded before anything was unpacked.
+    #[error("artifact {url} was refused and discarded, nothing was unpacked: {detail}")]
+    UnsafeArchive { url: String, detail: String },
+    /// The artifact, or what it unpacks to, is larger than the operator
+    /// allows (`--max-artifact-size`, `--max-unpacked-size`).
+    #[error("artifact {url} was refused and discarded: {what} exceeds the limit of {limit} bytes")]
+    TooLarge {
+        url: String,
+        what: &'static str,
+        limit: u64,
+    },
     /// A template names a placeholder nobody provides a value for.
     #[error("{what} uses placeholder {{{{{placeholder}}}}} which has no value")]
     Template { what: String, placeholder: String },
@@ -76,12 +97,12 @@ pub enum Error {
     /// A PackageVersion the Machine should run is missing or wrong.
     #[error("{0}")]
     MissingPackageVersion(String),
-    /// The Secret holding the SSH private key is missing or has no such key.
-    #[error("SSH private key Secret {namespace}/{name} key {key}: {detail}")]
+    /// The Secret the Machine names for its SSH private key cannot be used
+    /// (missing, no such entry, not allowed, not readable: one message).
+    #[error("cannot use Secret {namespace}/{name} for the SSH login: {detail}")]
     MissingSecret {
         namespace: String,
         name: String,
-        key: String,
         detail: String,
     },
     /// The `cluster-info` ConfigMap in kube-public is missing or unusable.
@@ -109,6 +130,9 @@ impl Error {
                 | Error::NoArtifact { .. }
                 | Error::ChecksumMismatch { .. }
                 | Error::Template { .. }
+                | Error::UnsafePath { .. }
+                | Error::UnsafeArchive { .. }
+                | Error::TooLarge { .. }
         )
     }
 
@@ -126,6 +150,9 @@ impl Error {
             Error::ArtifactHttp { .. } => "artifact_http",
             Error::Download { .. } => "download",
             Error::ChecksumMismatch { .. } => "checksum_mismatch",
+            Error::UnsafePath { .. } => "unsafe_path",
+            Error::UnsafeArchive { .. } => "unsafe_archive",
+            Error::TooLarge { .. } => "too_large",
             Error::Template { .. } => "template",
             Error::HealthCheck { .. } => "health_check",
             Error::NoPrevious { .. } => "no_previous",
