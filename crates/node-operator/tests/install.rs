@@ -613,3 +613,55 @@ async fn oversized_artifacts_and_tar_bombs_are_refused() {
     assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
     session.close().await;
 }
+
+/// A secret written to a host (the bootstrap kubeconfig's token) is in no
+/// process's command line while it is written, and the file holding it is
+/// private from its creation, not only after its `chmod`: a `base64` placed
+/// first on the host's PATH records, at the moment it decodes the content,
+/// every command line on the host and the mode of the file it writes to.
+#[tokio::test]
+async fn secrets_are_written_privately_and_never_in_a_command_line() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let seen = "/var/lib/kube-on-kube/seen";
+    on(
+        host,
+        &format!(
+            "cat > /usr/local/bin/base64 <<'SH'\n#!/bin/sh\n\
+             echo \"mode=$(stat -c %a \"$(readlink /proc/$$/fd/1)\")\" >> {seen}\n\
+             cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' >> {seen}\n\
+             exec /usr/bin/base64 \"$@\"\nSH\nchmod 0755 /usr/local/bin/base64"
+        ),
+    );
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let secret = "abcdef.0123456789abcdef-never-in-argv";
+    let changed = node_operator::host::Host::new(&session)
+        .files(&[(
+            "/etc/kubernetes/bootstrap-kubelet.conf",
+            "0600",
+            &format!("token: {secret}\n"),
+        )])
+        .await
+        .unwrap();
+    assert!(changed);
+    let log = on(host, &format!("cat {seen}"));
+    let modes: Vec<&str> = log.lines().filter(|l| l.starts_with("mode=")).collect();
+    assert_eq!(modes, ["mode=600"], "private while being written");
+    assert!(log.contains("sh -s"), "the command lines were read: {log}");
+    assert!(!log.contains(secret), "the secret was in a command line");
+    let encoded = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("token: {secret}\n"))
+    };
+    assert!(
+        !log.contains(&encoded),
+        "the encoded secret was in a command line"
+    );
+    assert_eq!(
+        on(host, "stat -c %a /etc/kubernetes/bootstrap-kubelet.conf"),
+        "600"
+    );
+    session.close().await;
+}
