@@ -99,9 +99,11 @@ pub fn parse_state(stdout: &str) -> Result<HostState, Error> {
         let value = value.trim();
         match key {
             "arch" => arch = value.to_string(),
-            "hostname" => state.facts.hostname = value.to_string(),
-            "kernel" => state.facts.kernel = (!value.is_empty()).then(|| value.to_string()),
-            "os" => state.facts.os = (!value.is_empty()).then(|| value.to_string()),
+            // Facts go into the Machine's status: what the host says is
+            // redacted like any other output of it.
+            "hostname" => state.facts.hostname = redact::line(value),
+            "kernel" => state.facts.kernel = (!value.is_empty()).then(|| redact::line(value)),
+            "os" => state.facts.os = (!value.is_empty()).then(|| redact::line(value)),
             "joined" => state.kubelet_joined = value == "1",
             _ => {
                 let Some(rest) = key.strip_prefix("pkg.") else {
