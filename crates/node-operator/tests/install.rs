@@ -456,6 +456,20 @@ async fn single_binary_artifacts_and_http_health_checks() {
     session.close().await;
 }
 
+/// Asserts the host still has 1.0.0 current and nothing else of the package.
+fn only_v1_kept(host: &TestHost, what: &str) {
+    assert_eq!(
+        on(host, &format!("readlink {DIR}/current")),
+        "1.0.0",
+        "{what}"
+    );
+    assert_eq!(
+        on(host, &format!("ls -A {DIR}")),
+        "1.0.0\ncurrent",
+        "{what}: nothing else kept"
+    );
+}
+
 /// Packs an archive in `work` with the local tar and `args` (names as
 /// given, `-P` keeping `..` and leading `/`) as `<artifacts>/<file>`; its
 /// sha256.
@@ -540,12 +554,7 @@ async fn archives_reaching_outside_their_directory_are_refused() {
             .unwrap_err();
         assert!(matches!(err, Error::UnsafeArchive { .. }), "{file}: {err}");
         assert!(err.to_string().contains(why), "{file}: {err}");
-        assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
-        assert_eq!(
-            on(host, &format!("ls -A {DIR}")),
-            "1.0.0\ncurrent",
-            "{file}: nothing of {version} kept"
-        );
+        only_v1_kept(host, file);
     }
     assert_eq!(
         on(host, "ls -A /opt"),
@@ -596,7 +605,7 @@ async fn oversized_artifacts_and_tar_bombs_are_refused() {
         "{err}"
     );
     assert_eq!(err.category(), "too_large");
-    assert_eq!(on(host, &format!("ls -A {DIR}")), "1.0.0\ncurrent");
+    only_v1_kept(host, "tar bomb");
     assert_eq!(on(host, &format!("du -sm {DIR} | cut -f1")), "1");
 
     let small = Installer::new(&session).with_limits(Limits {
@@ -609,8 +618,7 @@ async fn oversized_artifacts_and_tar_bombs_are_refused() {
         .unwrap_err();
     assert!(matches!(err, Error::TooLarge { limit: 1000, .. }), "{err}");
     assert!(err.to_string().contains("the download"), "{err}");
-    assert_eq!(on(host, &format!("ls -A {DIR}")), "1.0.0\ncurrent");
-    assert_eq!(on(host, &format!("readlink {DIR}/current")), "1.0.0");
+    only_v1_kept(host, "oversized download");
     session.close().await;
 }
 

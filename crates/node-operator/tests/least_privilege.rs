@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kok_testenv::wait::wait_for;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Config};
 use kube_on_kube_api::Machine;
 use serde_json::json;
@@ -175,24 +175,15 @@ async fn the_add_on_rights_are_enough_and_reach_no_other_secret() {
         },
     )
     .await;
-    machines
-        .delete(host.name(), &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for("the Machine gone", Duration::from_secs(120), async || {
-        machine_status(&machines, host.name())
-            .await
-            .is_none()
-            .then_some(())
-    })
+    offboard(
+        &admin,
+        &machines,
+        host.name(),
+        Duration::from_secs(120),
+        &["HostCleaned", "NodeDeleted", "UnsafePath"],
+    )
     .await;
     eprintln!("Machine offboarded at {:?}", started.elapsed());
-    for reason in ["HostCleaned", "NodeDeleted", "UnsafePath"] {
-        assert!(
-            has_event(&admin, host.name(), reason).await,
-            "{reason} Event on the deleted Machine"
-        );
-    }
     assert_eq!(
         on(host, "cat /root/keep"),
         "precious",

@@ -515,6 +515,28 @@ pub async fn wait_condition(
     .await
 }
 
+/// Deletes the Machine `name`, waits until offboarding released it, and
+/// asserts it got an Event with each of `reasons`.
+pub async fn offboard(
+    client: &Client,
+    machines: &Api<Machine>,
+    name: &str,
+    timeout: Duration,
+    reasons: &[&str],
+) {
+    machines.delete(name, &Default::default()).await.unwrap();
+    wait_for("the Machine gone", timeout, async || {
+        machine_status(machines, name).await.is_none().then_some(())
+    })
+    .await;
+    for reason in reasons {
+        assert!(
+            has_event(client, name, reason).await,
+            "{reason} Event on the deleted Machine"
+        );
+    }
+}
+
 /// Events whose involved object is named `name`.
 pub async fn events_for(client: &Client, name: &str) -> Vec<Event> {
     Api::<Event>::all(client.clone())
