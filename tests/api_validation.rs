@@ -440,6 +440,42 @@ fn cases() -> Vec<Case> {
             "a health check has exactly one of command or httpGet",
         ),
         c(
+            "binary path absolute",
+            "PackageVersion",
+            Create(vec![(
+                "spec/install/binaries",
+                json!([{"path": "/usr/bin/evil"}]),
+            )]),
+            "spec.install.binaries[0].path",
+        ),
+        c(
+            "binary path control characters",
+            "PackageVersion",
+            Create(vec![(
+                "spec/install/binaries",
+                json!([{"path": "bin/evil\nExecStart=/bin/sh"}]),
+            )]),
+            "spec.install.binaries[0].path",
+        ),
+        c(
+            "binary path parent segment",
+            "PackageVersion",
+            Create(vec![(
+                "spec/install/binaries",
+                json!([{"path": "bin/../../../etc/cron.d/evil"}]),
+            )]),
+            "binary path must stay inside the version directory",
+        ),
+        c(
+            "binary link parent segment",
+            "PackageVersion",
+            Create(vec![(
+                "spec/install/binaries",
+                json!([{"path": "bin/x", "link": "/usr/local/bin/../../../etc/passwd"}]),
+            )]),
+            "binary link must be an absolute path without .. segments",
+        ),
+        c(
             "package version immutable",
             "PackageVersion",
             Update(vec![("spec/version", json!("2.1.5"))]),

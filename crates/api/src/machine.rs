@@ -218,6 +218,7 @@ pub struct MachineStatus {
     pub conditions: Vec<Condition>,
     /// What is installed and current on the host, by package name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(k, k.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))").message("installed package names must be lowercase DNS labels such as kubelet or containerd"))]
     pub installed: BTreeMap<String, InstalledPackage>,
     /// Name of the Node this Machine became.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -123,15 +123,22 @@ pub struct InstallSpec {
 }
 
 /// One executable of a package.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Binary {
-    /// Path inside the version directory, for example `bin/kubelet`.
-    #[schemars(length(min = 1, max = 1024), regex(pattern = r"^[^/].*$"))]
+    /// Path inside the version directory, for example `bin/kubelet`: relative,
+    /// without `.` or `..` segments or control characters, so it cannot lead
+    /// out of the version directory.
+    #[schemars(
+        length(min = 1, max = 1024),
+        regex(pattern = r"^[^/\x00-\x1f\x7f][^\x00-\x1f\x7f]*$")
+    )]
+    #[x_kube(validation = Rule::new("!self.matches('(^|/)[.][.]?(/|$)')").message("binary path must stay inside the version directory: no . or .. segments"))]
     pub path: String,
     /// Absolute path of the symlink to create, for example `/usr/local/bin/kubelet`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/.*$"))]
+    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/[^\x00-\x1f\x7f]*$"))]
+    #[x_kube(validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')").message("binary link must be an absolute path without .. segments"))]
     pub link: Option<String>,
 }
 

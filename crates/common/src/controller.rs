@@ -1,16 +1,19 @@
 //! Driving a `kube::runtime::Controller` the same way in every operator: time
 //! and count every reconcile in the metrics, report the controller's cache in
 //! `/readyz`, log each reconcile outcome and stop cleanly when shutdown is
-//! requested (SIGTERM/SIGINT, see [`crate::shutdown`]).
+//! requested (SIGTERM/SIGINT, see [`crate::shutdown`]). A reconcile that
+//! panics fails like one that returns an error: the panic is caught, logged
+//! and counted, and the process keeps running.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
@@ -31,7 +34,7 @@ pub async fn run<K, Ctx, E, Fut>(
     K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Debug + Eq + Hash + Clone + Unpin + Send + Sync + Default,
     Ctx: Send + Sync + 'static,
-    E: std::error::Error + Send + 'static,
+    E: std::error::Error + From<crate::Error> + Send + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
 {
     let store = controller.store();
@@ -41,10 +44,14 @@ pub async fn run<K, Ctx, E, Fut>(
         tokio::spawn(forget_deleted_clusters(store.clone()));
     }
     let timed = move |obj: Arc<K>, ctx: Arc<Ctx>| {
-        let reconciled = reconcile(obj, ctx);
+        let object = ObjectRef::from_obj(obj.as_ref()).to_string();
+        let reconciled = std::panic::catch_unwind(AssertUnwindSafe(|| reconcile(obj, ctx)));
         async move {
             let timer = metrics.reconcile(name);
-            let result = reconciled.await;
+            let result = match reconciled {
+                Ok(future) => caught(name, object, future).await,
+                Err(payload) => Err(panicked(name, object, payload.as_ref())),
+            };
             timer.finish(result.as_ref().map(|_| ()).map_err(category));
             result
         }
@@ -58,6 +65,34 @@ pub async fn run<K, Ctx, E, Fut>(
             tracing::info!(controller = name, "controller stopped before its cache synced");
         }
     }
+}
+
+/// Awaits one reconcile; a panic in it becomes [`crate::Error::Panicked`]
+/// (logged, and counted under the `panic` failure category by the caller)
+/// instead of unwinding through the controller and ending the process.
+pub async fn caught<E, Fut>(name: &'static str, object: String, reconcile: Fut) -> Result<Action, E>
+where
+    E: From<crate::Error>,
+    Fut: Future<Output = Result<Action, E>>,
+{
+    match AssertUnwindSafe(reconcile).catch_unwind().await {
+        Ok(result) => result,
+        Err(payload) => Err(panicked(name, object, payload.as_ref())),
+    }
+}
+
+fn panicked<E: From<crate::Error>>(
+    name: &'static str,
+    object: String,
+    payload: &(dyn std::any::Any + Send),
+) -> E {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    tracing::error!(controller = name, %object, panic = %message, "reconcile panicked");
+    E::from(crate::Error::Panicked { object, message })
 }
 
 /// Resolves when shutdown is requested before `store` has been filled. The
@@ -126,4 +161,31 @@ pub async fn drive<K, E, Q>(
         })
         .await;
     tracing::info!(controller = name, "controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_an_error_not_the_end_of_the_process() {
+        let result: Result<Action, crate::Error> = caught("test", "ns/obj".into(), async {
+            // Slicing inside a multi-byte character, as a parser of host
+            // output might.
+            let text = String::from("İ");
+            let _ = &text[..1];
+            Ok(Action::await_change())
+        })
+        .await;
+        let error = result.unwrap_err();
+        assert_eq!(error.category(), "panic");
+        assert!(error.to_string().contains("ns/obj"), "{error}");
+        assert!(error.to_string().contains("char boundary"), "{error}");
+
+        let fine: Result<Action, crate::Error> = caught("test", "ns/obj".into(), async {
+            Ok(Action::await_change())
+        })
+        .await;
+        assert!(fine.is_ok());
+    }
 }

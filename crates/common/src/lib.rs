@@ -42,6 +42,10 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A reconcile panicked; the panic was caught so the process and the
+    /// controller's other objects go on.
+    #[error("reconcile of {object} panicked: {message}")]
+    Panicked { object: String, message: String },
 }
 
 impl Error {
@@ -52,6 +56,7 @@ impl Error {
             Error::Client(_) => "client",
             Error::Api(_) => "api",
             Error::Serialize { .. } => "serialize",
+            Error::Panicked { .. } => "panic",
         }
     }
 }

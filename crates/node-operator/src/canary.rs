@@ -1202,7 +1202,8 @@ async fn publish(
     let event = Event {
         type_,
         reason: reason.into(),
-        note: Some(note),
+        // Failures of upgrades carry what the host printed.
+        note: Some(crate::redact::text(&note)),
         action: "Canary".into(),
         secondary: None,
     };

@@ -49,6 +49,10 @@ pub struct Settings {
     pub cluster_dns: String,
     /// `clusterDomain` of kubelet configs.
     pub cluster_domain: String,
+    /// Largest artifact downloaded and largest size it unpacks to.
+    pub limits: crate::install::Limits,
+    /// Namespaces a Machine's `privateKeySecretRef` may name.
+    pub ssh_key_namespaces: Vec<String>,
 }
 
 impl Default for Settings {
@@ -62,6 +66,8 @@ impl Default for Settings {
             offboard_timeout: Duration::from_secs(600),
             cluster_dns: "10.96.0.10".into(),
             cluster_domain: "cluster.local".into(),
+            limits: crate::install::Limits::default(),
+            ssh_key_namespaces: vec![crate::machine::DEFAULT_SSH_KEY_NAMESPACE.into()],
         }
     }
 }
@@ -269,8 +275,9 @@ impl Context {
         let event = Event {
             type_,
             reason: reason.into(),
-            // The Events API caps notes at 1 kB.
-            note: Some(note.chars().take(1000).collect()),
+            // The Events API caps notes at 1 kB. Notes often carry what a
+            // host printed, so they are redacted here, whoever built them.
+            note: Some(crate::redact::text(&note).chars().take(1000).collect()),
             action: action.into(),
             secondary: None,
         };

@@ -52,6 +52,27 @@ pub enum Error {
     /// value its filter cannot write safely (named in the message).
     #[error("{0}")]
     Template(#[source] kok_common::template::Error),
+    /// A name from a spec or a status would lead outside its directory on
+    /// the host; nothing was run with it.
+    #[error("refusing {what} {path:?}: {reason}")]
+    UnsafePath {
+        what: String,
+        path: String,
+        reason: &'static str,
+    },
+    /// The artifact holds an entry that would land outside its version
+    /// directory (an absolute path, a `..`, a link pointing out) or is not
+    /// an archive; it was discarded before anything was unpacked.
+    #[error("artifact {url} was refused and discarded, nothing was unpacked: {detail}")]
+    UnsafeArchive { url: String, detail: String },
+    /// The artifact, or what it unpacks to, is larger than the operator
+    /// allows (`--max-artifact-size`, `--max-unpacked-size`).
+    #[error("artifact {url} was refused and discarded: {what} exceeds the limit of {limit} bytes")]
+    TooLarge {
+        url: String,
+        what: &'static str,
+        limit: u64,
+    },
     /// The package's health check kept failing until its timeout.
     #[error("health check of {package} {version} failed for {timeout_seconds}s: {detail}")]
     HealthCheck {
@@ -77,12 +98,12 @@ pub enum Error {
     /// A PackageVersion the Machine should run is missing or wrong.
     #[error("{0}")]
     MissingPackageVersion(String),
-    /// The Secret holding the SSH private key is missing or has no such key.
-    #[error("SSH private key Secret {namespace}/{name} key {key}: {detail}")]
+    /// The Secret the Machine names for its SSH private key cannot be used
+    /// (missing, no such entry, not allowed, not readable: one message).
+    #[error("cannot use Secret {namespace}/{name} for the SSH login: {detail}")]
     MissingSecret {
         namespace: String,
         name: String,
-        key: String,
         detail: String,
     },
     /// The `cluster-info` ConfigMap in kube-public is missing or unusable.
@@ -122,6 +143,9 @@ impl Error {
                 | Error::NoArtifact { .. }
                 | Error::ChecksumMismatch { .. }
                 | Error::Template(_)
+                | Error::UnsafePath { .. }
+                | Error::UnsafeArchive { .. }
+                | Error::TooLarge { .. }
         )
     }
 
@@ -140,6 +164,9 @@ impl Error {
             Error::Download { .. } => "download",
             Error::ChecksumMismatch { .. } => "checksum_mismatch",
             Error::Template(_) => "template",
+            Error::UnsafePath { .. } => "unsafe_path",
+            Error::UnsafeArchive { .. } => "unsafe_archive",
+            Error::TooLarge { .. } => "too_large",
             Error::HealthCheck { .. } => "health_check",
             Error::NoPrevious { .. } => "no_previous",
             Error::Step { .. } => "install_step",

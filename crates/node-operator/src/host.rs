@@ -8,11 +8,9 @@ use std::fmt::Write as _;
 
 use kube_on_kube_api::machine::HostFacts;
 
-use crate::Error;
-use crate::install::{
-    PACKAGES_ROOT, WRITE_FILE_FN, base64, package_dir, parse_arch, quote, redacted_tail,
-};
+use crate::install::{PACKAGES_ROOT, WRITE_FILE_FN, base64, package_dir, parse_arch, quote};
 use crate::ssh::{Output, Session};
+use crate::{Error, redact};
 
 /// Where the kernel parameters of a Machine are persisted.
 pub const SYSCTL_FILE: &str = "/etc/sysctl.d/90-kube-on-kube.conf";
@@ -101,9 +99,11 @@ pub fn parse_state(stdout: &str) -> Result<HostState, Error> {
         let value = value.trim();
         match key {
             "arch" => arch = value.to_string(),
-            "hostname" => state.facts.hostname = value.to_string(),
-            "kernel" => state.facts.kernel = (!value.is_empty()).then(|| value.to_string()),
-            "os" => state.facts.os = (!value.is_empty()).then(|| value.to_string()),
+            // Facts go into the Machine's status: what the host says is
+            // redacted like any other output of it.
+            "hostname" => state.facts.hostname = redact::line(value),
+            "kernel" => state.facts.kernel = (!value.is_empty()).then(|| redact::line(value)),
+            "os" => state.facts.os = (!value.is_empty()).then(|| redact::line(value)),
             "joined" => state.kubelet_joined = value == "1",
             _ => {
                 let Some(rest) = key.strip_prefix("pkg.") else {
@@ -181,10 +181,15 @@ pub struct Removal {
 }
 
 /// Stops and removes every package, the links into them, the kubelet's
-/// files and the persisted kernel parameters. Safe to repeat.
+/// files and the persisted kernel parameters. Safe to repeat. Only package
+/// names reach `rm -rf`, and a link is removed only while it points into its
+/// package's directory.
 pub fn offboard_script(packages: &[Removal]) -> String {
     let mut script = String::from("set -u\n");
-    for removal in packages {
+    for removal in packages
+        .iter()
+        .filter(|r| crate::paths::package_name(&r.package).is_ok())
+    {
         if let Some(unit) = &removal.unit {
             let _ = writeln!(
                 script,
@@ -193,7 +198,12 @@ pub fn offboard_script(packages: &[Removal]) -> String {
             );
         }
         for link in &removal.links {
-            let _ = writeln!(script, "rm -f {}", quote(link));
+            let _ = writeln!(
+                script,
+                "l={l}\nif [ -L \"$l\" ]; then case \"$(readlink \"$l\")\" in {d}/*) rm -f \"$l\" ;; esac; fi",
+                l = quote(link),
+                d = quote(&package_dir(&removal.package)),
+            );
         }
         let _ = writeln!(
             script,
@@ -240,7 +250,7 @@ impl<'a> Host<'a> {
                 host: self.session.host().to_string(),
                 step,
                 status: output.status,
-                tail: redacted_tail(&output),
+                tail: redact::tail(&output),
             });
         }
         Ok(output)
@@ -274,13 +284,13 @@ impl<'a> Host<'a> {
     /// Runs a remediation command; returns the redacted tail of its output.
     pub async fn command(&self, command: &str) -> Result<String, Error> {
         let output = self.checked("remediation", &format!("{command}\n")).await?;
-        Ok(redacted_tail(&output))
+        Ok(redact::tail(&output))
     }
 
     /// Removes every package.
     pub async fn offboard(&self, packages: &[Removal]) -> Result<String, Error> {
         let output = self.checked("offboard", &offboard_script(packages)).await?;
-        Ok(redacted_tail(&output))
+        Ok(redact::tail(&output))
     }
 }
 
@@ -344,7 +354,7 @@ mod tests {
             .find("rm -rf '/opt/kube-on-kube/packages/kubelet'")
             .unwrap();
         assert!(stop < rm);
-        assert!(script.contains("rm -f '/usr/local/bin/kubelet'"));
+        assert!(script.contains("l='/usr/local/bin/kubelet'\nif [ -L \"$l\" ]; then case \"$(readlink \"$l\")\" in '/opt/kube-on-kube/packages/kubelet'/*) rm -f \"$l\""));
         assert!(script.contains(KUBELET_KUBECONFIG));
     }
 }

@@ -12,6 +12,8 @@ pub mod host;
 pub mod install;
 pub mod machine;
 pub mod offboard;
+pub mod paths;
+pub mod redact;
 pub mod repair;
 pub mod rollout;
 pub mod sessions;

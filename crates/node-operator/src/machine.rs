@@ -109,6 +109,9 @@ async fn fail(machine: &Machine, ctx: &Context, st: &mut MachineStatus, error: &
             (PACKAGES_INSTALLED, "DownloadFailed")
         }
         Error::HealthCheck { .. } => (PACKAGES_INSTALLED, "HealthCheckFailed"),
+        Error::UnsafePath { .. } => (PACKAGES_INSTALLED, "UnsafePath"),
+        Error::UnsafeArchive { .. } => (PACKAGES_INSTALLED, "UnsafeArchive"),
+        Error::TooLarge { .. } => (PACKAGES_INSTALLED, "ArtifactTooLarge"),
         Error::DrainTimeout { .. } => (NODE_READY, "DrainTimeout"),
         Error::ClusterInfo(_) => (NODE_READY, "BootstrapUnavailable"),
         Error::InvalidSpec { .. } => (PACKAGES_INSTALLED, "InvalidSpec"),
@@ -184,26 +187,47 @@ pub async fn wanted(
     Ok((ordered, cpv))
 }
 
-/// The SSH login of `machine`, with the private key from its Secret.
-pub async fn ssh_target(client: &Client, machine: &Machine) -> Result<Target, Error> {
+/// Where SSH keys are read from unless `--ssh-key-namespaces` says
+/// otherwise: the namespace the operator keeps its Lease in.
+pub const DEFAULT_SSH_KEY_NAMESPACE: &str = "kube-system";
+
+/// The SSH login of `machine`, with the private key from its Secret. The
+/// Secret must be in one of `namespaces`; whether it is not, does not exist,
+/// lacks the key or may not be read, the Machine's author is told the same,
+/// so a Machine cannot be used to learn which other Secrets exist.
+pub async fn ssh_target(
+    client: &Client,
+    namespaces: &[String],
+    machine: &Machine,
+) -> Result<Target, Error> {
     let r = &machine.spec.ssh.private_key_secret_ref;
-    let missing = |detail: &str| Error::MissingSecret {
+    let unusable = || Error::MissingSecret {
         namespace: r.namespace.clone(),
         name: r.name.clone(),
-        key: r.key.clone(),
-        detail: detail.to_string(),
+        detail: format!(
+            "it does not exist, has no data entry {:?}, or is not in a namespace the operator reads SSH keys from ({})",
+            r.key,
+            namespaces.join(", ")
+        ),
     };
-    let secret = Api::<Secret>::namespaced(client.clone(), &r.namespace)
+    if !namespaces.contains(&r.namespace) {
+        return Err(unusable());
+    }
+    let secret = match Api::<Secret>::namespaced(client.clone(), &r.namespace)
         .get_opt(&r.name)
         .await
-        .map_err(Error::Kube)?
-        .ok_or_else(|| missing("the Secret does not exist"))?;
+    {
+        Ok(Some(secret)) => secret,
+        Ok(None) => return Err(unusable()),
+        Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => return Err(unusable()),
+        Err(e) => return Err(Error::Kube(e)),
+    };
     let pem = secret
         .data
         .as_ref()
         .and_then(|d| d.get(&r.key))
         .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .ok_or_else(|| missing("the Secret has no such key"))?;
+        .ok_or_else(unusable)?;
     let ip = machine.spec.ip.parse().map_err(|_| Error::InvalidSpec {
         machine: machine.name_any(),
         detail: format!("spec.ip {:?} is not an IP address", machine.spec.ip),
@@ -343,7 +367,7 @@ async fn converge(
         None
     };
 
-    let target = ssh_target(&ctx.client, machine).await?;
+    let target = ssh_target(&ctx.client, &ctx.settings.ssh_key_namespaces, machine).await?;
     let _slot = ctx
         .ssh_slots
         .acquire()
@@ -566,7 +590,7 @@ async fn on_host(
             api_server: cluster.map(|c| c.server).unwrap_or_default(),
         },
     );
-    let installer = Installer::new(session);
+    let installer = Installer::new(session).with_limits(ctx.settings.limits);
     for w in wanted {
         let kind = todo
             .iter()

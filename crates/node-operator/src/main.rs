@@ -9,6 +9,8 @@ use kok_common::duration::parse as parse_duration;
 use kok_common::operator::RuntimeArgs;
 use kok_common::telemetry::LogArgs;
 use node_operator::Settings;
+use node_operator::install::{Limits, parse_size};
+use node_operator::machine::DEFAULT_SSH_KEY_NAMESPACE;
 use node_operator::repair::{Remediations, Rule, parse_rule};
 use node_operator::ssh::Timeouts;
 
@@ -70,6 +72,21 @@ struct Args {
     /// `KernelDeadlock=cordon`.
     #[arg(long = "remediation", env = "KOK_REMEDIATIONS", value_delimiter = ';', value_parser = parse_rule)]
     remediations: Vec<Rule>,
+    /// Largest artifact a host downloads (bytes, or with a unit: 512Mi,
+    /// 2Gi, 1G). A larger one is refused and deleted; nothing is switched.
+    #[arg(long, env = "KOK_MAX_ARTIFACT_SIZE", default_value = "1Gi", value_parser = parse_size)]
+    max_artifact_size: u64,
+    /// Largest total size of the files one archive unpacks to, read from its
+    /// listing before anything is unpacked, so an archive that would fill
+    /// the host's disk is refused whole.
+    #[arg(long, env = "KOK_MAX_UNPACKED_SIZE", default_value = "4Gi", value_parser = parse_size)]
+    max_unpacked_size: u64,
+    /// Namespaces of the business cluster a Machine's
+    /// `spec.ssh.privateKeySecretRef` may name, comma-separated. A Machine
+    /// naming a Secret elsewhere is refused (condition Reachable=False,
+    /// SecretMissing) with the same message as for a missing Secret.
+    #[arg(long, env = "KOK_SSH_KEY_NAMESPACES", value_delimiter = ',', default_value = DEFAULT_SSH_KEY_NAMESPACE)]
+    ssh_key_namespaces: Vec<String>,
     /// Least time between two remediations of one Machine.
     #[arg(long, env = "KOK_REMEDIATION_COOLDOWN", default_value = "10m", value_parser = parse_duration)]
     remediation_cooldown: Duration,
@@ -95,6 +112,11 @@ async fn main() -> anyhow::Result<()> {
         offboard_timeout: args.offboard_timeout,
         cluster_dns: args.cluster_dns,
         cluster_domain: args.cluster_domain,
+        limits: Limits {
+            artifact_bytes: args.max_artifact_size,
+            unpacked_bytes: args.max_unpacked_size,
+        },
+        ssh_key_namespaces: args.ssh_key_namespaces,
     };
     let remediations = Remediations::new(
         args.remediations,

@@ -20,14 +20,17 @@ use serde_json::json;
 use crate::controller::Context;
 use crate::host::{Host, Removal};
 use crate::machine::{FINALIZER, plan, ssh_target, status};
-use crate::{Error, bootstrap, drain};
+use crate::{Error, bootstrap, drain, paths};
 
 /// What to remove for each package the host may have: the packages the
 /// Machine's status lists and those it should run, with units and links from
-/// their PackageVersions when these still exist.
+/// their PackageVersions when these still exist. A name that is not a
+/// package name (a status key such as `../../etc`, written by whoever may
+/// patch the status) is left out: it never reaches `rm`.
 pub fn removals(installed: &[String], specs: &BTreeMap<String, PackageVersion>) -> Vec<Removal> {
     let mut out: BTreeMap<String, Removal> = installed
         .iter()
+        .filter(|p| paths::package_name(p).is_ok())
         .map(|p| {
             (
                 p.clone(),
@@ -38,7 +41,10 @@ pub fn removals(installed: &[String], specs: &BTreeMap<String, PackageVersion>) 
             )
         })
         .collect();
-    for pv in specs.values() {
+    for pv in specs
+        .values()
+        .filter(|pv| paths::package_name(&pv.spec.package).is_ok())
+    {
         let r = out
             .entry(pv.spec.package.clone())
             .or_insert_with(|| Removal {
@@ -170,8 +176,19 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
         }
     }
     let installed: Vec<String> = st.installed.keys().cloned().collect();
+    for name in installed.iter().filter(|p| paths::package_name(p).is_err()) {
+        tracing::warn!(machine = %machine.name_any(), package = ?name, "status.installed names no package; nothing removed for it");
+        ctx.event(
+            machine,
+            EventType::Warning,
+            "UnsafePath",
+            "Offboard",
+            format!("status.installed names {name:?}, which is not a package name; nothing was removed for it"),
+        )
+        .await;
+    }
     let removals = removals(&installed, &specs);
-    let target = ssh_target(&ctx.client, machine).await?;
+    let target = ssh_target(&ctx.client, &ctx.settings.ssh_key_namespaces, machine).await?;
     let _slot = ctx
         .ssh_slots
         .acquire()
@@ -247,5 +264,14 @@ mod tests {
         assert_eq!(list[0].links, vec!["/usr/local/bin/kubelet"]);
         assert_eq!(list[1].package, "containerd");
         assert_eq!(list[1].unit, None);
+    }
+
+    #[test]
+    fn forged_status_keys_never_become_removals() {
+        let forged = ["../../etc", "/", "..", "kubelet/../../..", "a b", ""];
+        let installed: Vec<String> = forged.iter().map(|s| s.to_string()).collect();
+        assert!(removals(&installed, &BTreeMap::new()).is_empty());
+        let script = crate::host::offboard_script(&removals(&installed, &BTreeMap::new()));
+        assert!(!script.contains("rm -rf"), "{script}");
     }
 }

@@ -280,7 +280,8 @@ fn error_text(e: &openssh::Error) -> String {
 
 fn classify_text(host: &str, detail: String) -> Error {
     let host = host.to_string();
-    let detail = detail.trim().to_string();
+    // ssh relays what the host's sshd and shell print (banners, rc files).
+    let detail = crate::redact::text(detail.trim());
     let lower = detail.to_lowercase();
     if lower.contains("host key verification failed")
         || lower.contains("remote host identification has changed")

@@ -13,7 +13,7 @@ use kube_on_kube_api::package::{
     PackageVersionSpec, SystemdUnit,
 };
 use node_operator::Error;
-use node_operator::install::Installer;
+use node_operator::install::{Installer, Limits};
 use node_operator::ssh::{Session, Target, Timeouts};
 
 const PKG: &str = "fake-kubelet";
@@ -453,5 +453,223 @@ async fn single_binary_artifacts_and_http_health_checks() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::HealthCheck { .. }), "{err}");
+    session.close().await;
+}
+
+/// Asserts the host still has 1.0.0 current and nothing else of the package.
+fn only_v1_kept(host: &TestHost, what: &str) {
+    assert_eq!(
+        on(host, &format!("readlink {DIR}/current")),
+        "1.0.0",
+        "{what}"
+    );
+    assert_eq!(
+        on(host, &format!("ls -A {DIR}")),
+        "1.0.0\ncurrent",
+        "{what}: nothing else kept"
+    );
+}
+
+/// Packs an archive in `work` with the local tar and `args` (names as
+/// given, `-P` keeping `..` and leading `/`) as `<artifacts>/<file>`; its
+/// sha256.
+fn pack_raw(hosts: &TestHosts, work: &Path, file: &str, names: &[&str]) -> String {
+    let archive = hosts.artifacts_dir().join(file);
+    run_local(
+        Command::new("tar")
+            .arg("-czPf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(work)
+            .args(names),
+    );
+    sha256(&archive)
+}
+
+/// Each hostile archive is refused whole: nothing lands outside the version
+/// directory, nothing of it is unpacked at all, `current` stays where it was.
+#[tokio::test]
+async fn archives_reaching_outside_their_directory_are_refused() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let (file1, sha1) = make_artifact(&hosts, "1.0.0");
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let installer = Installer::new(&session);
+    installer
+        .install(&spec(&hosts, "1.0.0", &file1, &sha1), &values(host))
+        .await
+        .unwrap();
+
+    // What each archive tries to write: files in /opt (a private directory
+    // of the host) outside the package's directory.
+    let work = tempfile::tempdir().unwrap();
+    let deep = work.path().join("a/b/c/d/e");
+    std::fs::create_dir_all(deep.join("bin")).unwrap();
+    std::fs::write(deep.join("bin/fake-kubelet"), "#!/bin/sh\n").unwrap();
+    std::fs::write(work.path().join("a/evil"), "dotdot\n").unwrap();
+    let abs = tempfile::tempdir().unwrap();
+    std::fs::write(abs.path().join("evil-abs"), "absolute\n").unwrap();
+    let link_dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(link_dir.path().join("bin")).unwrap();
+    std::os::unix::fs::symlink("/opt", link_dir.path().join("bin/out")).unwrap();
+    std::os::unix::fs::symlink("../../../../../opt", link_dir.path().join("bin/up")).unwrap();
+    // From `<version>.tmp`, four levels up is /opt.
+    let dotdot = pack_raw(
+        &hosts,
+        &deep,
+        "dotdot.tar.gz",
+        &["bin/fake-kubelet", "../../../../evil"],
+    );
+    let absolute = pack_raw(
+        &hosts,
+        work.path(),
+        "absolute.tar.gz",
+        &[abs.path().join("evil-abs").to_str().unwrap()],
+    );
+    let symlink = pack_raw(&hosts, link_dir.path(), "symlink.tar.gz", &["bin/out"]);
+    let relative_link = pack_raw(&hosts, link_dir.path(), "uplink.tar.gz", &["bin/up"]);
+
+    let cases = [
+        ("2.0.0", "dotdot.tar.gz", dotdot, "has a .. segment"),
+        ("3.0.0", "absolute.tar.gz", absolute, "absolute path"),
+        (
+            "4.0.0",
+            "symlink.tar.gz",
+            symlink,
+            "points to the absolute path /opt",
+        ),
+        (
+            "5.0.0",
+            "uplink.tar.gz",
+            relative_link,
+            "outside its directory",
+        ),
+    ];
+    for (version, file, sha, why) in cases {
+        let err = installer
+            .install(&spec(&hosts, version, file, &sha), &values(host))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::UnsafeArchive { .. }), "{file}: {err}");
+        assert!(err.to_string().contains(why), "{file}: {err}");
+        only_v1_kept(host, file);
+    }
+    assert_eq!(
+        on(host, "ls -A /opt"),
+        "kube-on-kube",
+        "nothing written outside the install root"
+    );
+    assert_eq!(
+        on(host, "ls -A /opt/kube-on-kube/packages"),
+        ".fake-kubelet.lock\nfake-kubelet"
+    );
+    session.close().await;
+}
+
+/// A download over the artifact limit and an archive unpacking to more than
+/// the unpacked limit (a tar bomb: megabytes of zeros in a few kilobytes)
+/// are refused and deleted; the host keeps only what it had.
+#[tokio::test]
+async fn oversized_artifacts_and_tar_bombs_are_refused() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let (file1, sha1) = make_artifact(&hosts, "1.0.0");
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("bin")).unwrap();
+    std::fs::write(work.path().join("bin/fake-kubelet"), vec![0u8; 64 << 20]).unwrap();
+    let bomb = pack_raw(&hosts, work.path(), "bomb.tar.gz", &["bin"]);
+    let bomb_size = std::fs::metadata(hosts.artifacts_dir().join("bomb.tar.gz"))
+        .unwrap()
+        .len();
+    assert!(bomb_size < 1 << 20, "the bomb is small: {bomb_size} bytes");
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let installer = Installer::new(&session).with_limits(Limits {
+        artifact_bytes: 1 << 20,
+        unpacked_bytes: 16 << 20,
+    });
+    installer
+        .install(&spec(&hosts, "1.0.0", &file1, &sha1), &values(host))
+        .await
+        .unwrap();
+
+    let err = installer
+        .install(&spec(&hosts, "2.0.0", "bomb.tar.gz", &bomb), &values(host))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::TooLarge { limit, .. } if limit == 16 << 20),
+        "{err}"
+    );
+    assert_eq!(err.category(), "too_large");
+    only_v1_kept(host, "tar bomb");
+    assert_eq!(on(host, &format!("du -sm {DIR} | cut -f1")), "1");
+
+    let small = Installer::new(&session).with_limits(Limits {
+        artifact_bytes: 1000,
+        unpacked_bytes: 16 << 20,
+    });
+    let err = small
+        .install(&spec(&hosts, "2.0.0", "bomb.tar.gz", &bomb), &values(host))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::TooLarge { limit: 1000, .. }), "{err}");
+    assert!(err.to_string().contains("the download"), "{err}");
+    only_v1_kept(host, "oversized download");
+    session.close().await;
+}
+
+/// A secret written to a host (the bootstrap kubeconfig's token) is in no
+/// process's command line while it is written, and the file holding it is
+/// private from its creation, not only after its `chmod`: a `base64` placed
+/// first on the host's PATH records, at the moment it decodes the content,
+/// every command line on the host and the mode of the file it writes to.
+#[tokio::test]
+async fn secrets_are_written_privately_and_never_in_a_command_line() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let seen = "/var/lib/kube-on-kube/seen";
+    on(
+        host,
+        &format!(
+            "cat > /usr/local/bin/base64 <<'SH'\n#!/bin/sh\n\
+             echo \"mode=$(stat -c %a \"$(readlink /proc/$$/fd/1)\")\" >> {seen}\n\
+             cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' >> {seen}\n\
+             exec /usr/bin/base64 \"$@\"\nSH\nchmod 0755 /usr/local/bin/base64"
+        ),
+    );
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let secret = "abcdef.0123456789abcdef-never-in-argv";
+    let changed = node_operator::host::Host::new(&session)
+        .files(&[(
+            "/etc/kubernetes/bootstrap-kubelet.conf",
+            "0600",
+            &format!("token: {secret}\n"),
+        )])
+        .await
+        .unwrap();
+    assert!(changed);
+    let log = on(host, &format!("cat {seen}"));
+    let modes: Vec<&str> = log.lines().filter(|l| l.starts_with("mode=")).collect();
+    assert_eq!(modes, ["mode=600"], "private while being written");
+    assert!(log.contains("sh -s"), "the command lines were read: {log}");
+    assert!(!log.contains(secret), "the secret was in a command line");
+    let encoded = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("token: {secret}\n"))
+    };
+    assert!(
+        !log.contains(&encoded),
+        "the encoded secret was in a command line"
+    );
+    assert_eq!(
+        on(host, "stat -c %a /etc/kubernetes/bootstrap-kubelet.conf"),
+        "600"
+    );
     session.close().await;
 }

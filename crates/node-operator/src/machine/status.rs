@@ -35,7 +35,8 @@ pub fn set(
             type_,
             status: if ok { "True" } else { "False" },
             reason,
-            message: message.into(),
+            // Messages carry errors, and errors what a host printed.
+            message: crate::redact::text(&message.into()),
         },
         generation,
         now,
@@ -122,8 +123,10 @@ pub fn finish(
         } else {
             OperationResult::Failed
         },
-        message: Some(message.into()),
-        output_tail: tail.filter(|t| !t.is_empty()),
+        message: Some(crate::redact::text(&message.into())),
+        output_tail: tail
+            .filter(|t| !t.is_empty())
+            .map(|t| crate::redact::text(&t)),
     });
 }
 

@@ -220,6 +220,12 @@ impl Operator {
     /// Starts the operator with [`OPERATOR_ARGS`] and `extra`, whose flags
     /// replace the defaults of the same name (`--flag=value` form).
     pub fn start_with(env: &KubeEnv, log: &Path, extra: &[&str]) -> Operator {
+        Self::start_as(env.kubeconfig_path(), log, extra)
+    }
+
+    /// Starts the operator with [`OPERATOR_ARGS`] and `extra`, with the
+    /// identity and rights of `kubeconfig`.
+    pub fn start_as(kubeconfig: &Path, log: &Path, extra: &[&str]) -> Operator {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -227,7 +233,7 @@ impl Operator {
             .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_node-operator"))
             .arg("--kubeconfig")
-            .arg(env.kubeconfig_path())
+            .arg(kubeconfig)
             .args(OPERATOR_ARGS.iter().filter(|arg| {
                 // A flag given in `extra` replaces the default one.
                 let flag = arg.split('=').next().unwrap_or(arg);
@@ -294,6 +300,58 @@ where
 /// `localhost`, not the proxy's address, so `cluster-info` also names the TLS
 /// server name to verify.
 pub async fn bootstrap_addon(client: &Client, env: &KubeEnv, server: &str) {
+    let objects = rendered_addon(env, server, addons::BOOTSTRAP);
+    assert!(
+        objects
+            .iter()
+            .any(|o| o.types.as_ref().is_some_and(|t| t.kind == "ConfigMap")
+                && o.name_any() == "cluster-info"),
+        "the bootstrap add-on renders cluster-info"
+    );
+    apply_objects(client, objects).await;
+}
+
+/// The RBAC objects of the node-operator add-on (the rights a per-cluster
+/// node-operator has in its business cluster), applied.
+pub async fn node_operator_rbac(client: &Client, env: &KubeEnv, server: &str) {
+    let objects = rendered_addon(env, server, addons::NODE_OPERATOR)
+        .into_iter()
+        .filter(|o| {
+            o.types
+                .as_ref()
+                .is_some_and(|t| t.api_version.starts_with("rbac.authorization.k8s.io/"))
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        !objects.is_empty(),
+        "the node-operator add-on grants rights"
+    );
+    apply_objects(client, objects).await;
+}
+
+/// The group the kube-on-kube-operator puts in the node-operator's client
+/// certificate.
+pub const NODE_OPERATORS_GROUP: &str = "kube-on-kube:node-operators";
+
+/// A kubeconfig at `path` that acts as a member of [`NODE_OPERATORS_GROUP`]
+/// only (the admin credentials impersonating it, so every request is
+/// authorized with that identity's rights).
+pub fn node_operator_kubeconfig(env: &KubeEnv, path: &Path) -> kube::config::Kubeconfig {
+    let mut config = env.kubeconfig().clone();
+    for named in &mut config.auth_infos {
+        if let Some(auth) = named.auth_info.as_mut() {
+            auth.impersonate = Some("kube-on-kube:node-operator".into());
+            auth.impersonate_groups = Some(vec![NODE_OPERATORS_GROUP.into()]);
+        }
+    }
+    std::fs::write(path, serde_json::to_string(&config).unwrap()).unwrap();
+    config
+}
+
+/// The objects of the kube-on-kube-operator's add-on `name`, rendered by its
+/// own template functions for a cluster whose API server hosts reach at
+/// `server`.
+fn rendered_addon(env: &KubeEnv, server: &str, name: &str) -> Vec<DynamicObject> {
     let cluster: Cluster = serde_norway::from_str(
         &std::fs::read_to_string(examples().join("cluster-minimal.yaml")).unwrap(),
     )
@@ -307,10 +365,10 @@ pub async fn bootstrap_addon(client: &Client, env: &KubeEnv, server: &str) {
     let planned = plans
         .iter()
         .find_map(|p| match p {
-            addons::Plan::Apply(p) if p.name == addons::BOOTSTRAP => Some(p),
+            addons::Plan::Apply(p) if p.name == name => Some(p),
             _ => None,
         })
-        .expect("the bootstrap add-on is planned");
+        .unwrap_or_else(|| panic!("the {name} add-on is planned"));
     let ca_data = env.kubeconfig().clusters[0]
         .cluster
         .as_ref()
@@ -331,17 +389,16 @@ pub async fn bootstrap_addon(client: &Client, env: &KubeEnv, server: &str) {
         endpoint: server,
         ca_pem: &ca_pem,
     };
-    let rendered = addons::render(planned, &cluster, &facts, &settings).unwrap();
-    assert!(
-        rendered
-            .objects
-            .iter()
-            .any(|o| o.types.as_ref().is_some_and(|t| t.kind == "ConfigMap")
-                && o.name_any() == "cluster-info"),
-        "the bootstrap add-on renders cluster-info"
-    );
+    addons::render(planned, &cluster, &facts, &settings)
+        .unwrap()
+        .objects
+}
+
+/// Applies rendered add-on objects, `cluster-info` naming the TLS server
+/// name the test API server's certificate has.
+async fn apply_objects(client: &Client, objects: Vec<DynamicObject>) {
     let discovery = Discovery::new(client.clone()).run().await.unwrap();
-    for mut object in rendered.objects {
+    for mut object in objects {
         let types = object.types.clone().unwrap();
         if types.kind == "ConfigMap" && object.name_any() == "cluster-info" {
             let text = object.data["data"]["kubeconfig"].as_str().unwrap();
@@ -456,6 +513,28 @@ pub async fn wait_condition(
         },
     )
     .await
+}
+
+/// Deletes the Machine `name`, waits until offboarding released it, and
+/// asserts it got an Event with each of `reasons`.
+pub async fn offboard(
+    client: &Client,
+    machines: &Api<Machine>,
+    name: &str,
+    timeout: Duration,
+    reasons: &[&str],
+) {
+    machines.delete(name, &Default::default()).await.unwrap();
+    wait_for("the Machine gone", timeout, async || {
+        machine_status(machines, name).await.is_none().then_some(())
+    })
+    .await;
+    for reason in reasons {
+        assert!(
+            has_event(client, name, reason).await,
+            "{reason} Event on the deleted Machine"
+        );
+    }
 }
 
 /// Events whose involved object is named `name`.
