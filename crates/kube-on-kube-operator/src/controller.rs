@@ -1313,31 +1313,38 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     // Only what the Cluster controls, directly or through its Deployments:
     // the label alone is no proof (anyone who may create Pods in the
     // namespace can set it, and another Cluster's objects may carry it).
+    // The chain is read whole before anything is deleted: garbage collection
+    // removes a deleted Deployment's ReplicaSets within moments, and Pods
+    // whose ReplicaSet was no longer listed would not be known as the
+    // Cluster's.
     let mut owners: Vec<String> = cluster.uid().into_iter().collect();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    for d in controlled(list(ctx, &deployments, names).await, &owners) {
-        owners.extend(d.uid());
-        delete_quietly(&deployments, &d, &background).await;
-    }
+    let owned_deployments = controlled(list(ctx, &deployments, names).await, &owners);
+    owners.extend(owned_deployments.iter().filter_map(|d| d.uid()));
     let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
-    for rs in controlled(list(ctx, &replica_sets, names).await, &owners) {
-        owners.extend(rs.uid());
-        delete_quietly(&replica_sets, &rs, &background).await;
+    let owned_replica_sets = controlled(list(ctx, &replica_sets, names).await, &owners);
+    owners.extend(owned_replica_sets.iter().filter_map(|rs| rs.uid()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let owned_pods = controlled(list(ctx, &pods, names).await, &owners);
+    for d in &owned_deployments {
+        delete_quietly(&deployments, d, &background).await;
+    }
+    for rs in &owned_replica_sets {
+        delete_quietly(&replica_sets, rs, &background).await;
     }
     let quick = DeleteParams {
         grace_period_seconds: Some(TEARDOWN_GRACE_SECONDS as u32),
         ..background
     };
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut stopped = 0;
-    for p in controlled(list(ctx, &pods, names).await, &owners) {
+    for p in &owned_pods {
         if p.metadata
             .deletion_grace_period_seconds
             .is_some_and(|g| g <= TEARDOWN_GRACE_SECONDS)
         {
             continue;
         }
-        if delete_quietly(&pods, &p, &quick).await {
+        if delete_quietly(&pods, p, &quick).await {
             stopped += 1;
         }
     }
