@@ -712,20 +712,18 @@ async fn limited(
         exceeded.to_string(),
     )
     .await;
-    let mut status = cluster.status.clone().unwrap_or_default();
-    kok_common::conditions::set(
-        &mut status.conditions,
+    let status = crate::refused::with_condition(
+        cluster,
         kok_common::conditions::Desired {
             type_: kube_on_kube_api::cluster::ALLOWED,
             status: "False",
             reason: crate::bounded::TOO_MANY_OBJECTS,
             message: exceeded.to_string(),
         },
-        cluster.metadata.generation,
+        None,
         Timestamp::now(),
     );
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
+    crate::refused::write_status(ctx, cluster, &status).await?;
     Ok(Action::requeue(LIMITED_RECHECK))
 }
 

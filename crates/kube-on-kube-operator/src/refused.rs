@@ -63,20 +63,51 @@ impl Refusal {
 /// The Cluster's status with the refusal as `Ready=False` and the phase
 /// `Failed` (the spec cannot be applied as it is); the rest as it was.
 pub fn status(cluster: &Cluster, refusal: &Refusal, now: Timestamp) -> ClusterStatus {
-    let mut status = cluster.status.clone().unwrap_or_default();
-    conditions::set(
-        &mut status.conditions,
+    with_condition(
+        cluster,
         Desired {
             type_: READY,
             status: "False",
             reason: refusal.reason,
             message: refusal.message.clone(),
         },
+        Some(ClusterPhase::Failed),
+        now,
+    )
+}
+
+/// The Cluster's status with `condition` set (and `phase`, when given); the
+/// rest as it was.
+pub fn with_condition(
+    cluster: &Cluster,
+    condition: Desired<'_>,
+    phase: Option<ClusterPhase>,
+    now: Timestamp,
+) -> ClusterStatus {
+    let mut status = cluster.status.clone().unwrap_or_default();
+    conditions::set(
+        &mut status.conditions,
+        condition,
         cluster.metadata.generation,
         now,
     );
-    status.phase = Some(ClusterPhase::Failed);
+    if phase.is_some() {
+        status.phase = phase;
+    }
     status
+}
+
+/// Apply `status` as the Cluster controller's status of `cluster`: for a
+/// pass that stops early and only has a condition to show.
+pub async fn write_status(
+    ctx: &Context,
+    cluster: &Cluster,
+    status: &ClusterStatus,
+) -> Result<(), Error> {
+    let clusters: Api<Cluster> =
+        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
+    kok_common::apply::apply_status(&clusters, MANAGER, &cluster.name_any(), status).await?;
+    Ok(())
 }
 
 /// Show the refusal on the Cluster (status and Event) and wait for
@@ -101,10 +132,7 @@ pub async fn report(ctx: &Context, cluster: &Cluster, refusal: &Refusal) -> Resu
         Some(related),
     )
     .await;
-    let clusters: Api<Cluster> =
-        Api::namespaced(ctx.client.clone(), &cluster.namespace().unwrap_or_default());
-    let status = status(cluster, refusal, Timestamp::now());
-    kok_common::apply::apply_status(&clusters, MANAGER, &cluster.name_any(), &status).await?;
+    write_status(ctx, cluster, &status(cluster, refusal, Timestamp::now())).await?;
     Ok(Action::requeue(RECHECK))
 }
 
