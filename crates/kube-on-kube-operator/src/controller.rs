@@ -890,7 +890,13 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 Err(e) => (existing.clone(), None, Some(e.to_string())),
                 Ok(outcome) => {
                     for change in &outcome.changes {
-                        apply(&secrets_api, &change.secret).await?;
+                        let listed = change
+                            .secret
+                            .metadata
+                            .name
+                            .as_ref()
+                            .and_then(|name| existing.get(name));
+                        apply_over(&secrets_api, &change.secret, listed).await?;
                     }
                     // Recorded once the Secrets are written: a record of a
                     // CA whose Secret was never written would hold it forever.
