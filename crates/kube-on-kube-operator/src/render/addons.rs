@@ -496,6 +496,25 @@ pub fn node_operator_image(values: &Map<String, Value>) -> &str {
     string_value(values, "image", "node-operator")
 }
 
+/// The node-operator's flags: its kubeconfig, and the cluster DNS address
+/// and domain it renders into every kubelet configuration, from the
+/// Cluster's network (the node-operator's defaults only fit the default
+/// Service CIDR).
+fn node_operator_args(cluster: &Cluster, values: &Map<String, Value>) -> Vec<String> {
+    let network = &cluster.spec.network;
+    let mut args = vec![
+        format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
+        format!("--log-level={}", string_value(values, "logLevel", "info")),
+        format!("--cluster-domain={}", network.dns_domain),
+    ];
+    // A Service CIDR without a tenth address fails the add-ons earlier
+    // (`context`), so this Deployment is never applied without the flag.
+    if let Some(dns) = dns_ip(&network.service_cidr) {
+        args.push(format!("--cluster-dns={dns}"));
+    }
+    args
+}
+
 /// The node-operator's Deployment in the Cluster's namespace of the
 /// meta-cluster, pointed at the business API with its kubeconfig Secret.
 /// `config_hash` covers that Secret, so a renewed certificate restarts it.
@@ -508,10 +527,7 @@ pub fn node_operator(
     let container = Container {
         name: "node-operator".into(),
         image: Some(node_operator_image(values).into()),
-        args: Some(vec![
-            format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
-            format!("--log-level={}", string_value(values, "logLevel", "info")),
-        ]),
+        args: Some(node_operator_args(cluster, values)),
         volume_mounts: Some(vec![control_plane::mount("kubeconfig", KUBECONFIG_DIR)]),
         ..Default::default()
     };
@@ -936,6 +952,27 @@ mod tests {
             serde_norway::to_string(&node_operator(&c, &n, &values, "hash")).expect("yaml"),
         ));
         crate::render::golden::check(&dir, outputs);
+    }
+
+    #[test]
+    fn the_node_operator_renders_kubelets_with_the_clusters_dns() {
+        let mut c = production();
+        c.spec.network.service_cidr = "10.100.0.0/16".into();
+        c.spec.network.dns_domain = "corp.internal".into();
+        let n = names(&c);
+        let args = node_operator(&c, &n, &Map::new(), "hash")
+            .spec
+            .and_then(|s| s.template.spec)
+            .map(|s| s.containers[0].args.clone().unwrap_or_default())
+            .unwrap_or_default();
+        assert!(
+            args.contains(&"--cluster-dns=10.100.0.10".to_string()),
+            "{args:?}"
+        );
+        assert!(
+            args.contains(&"--cluster-domain=corp.internal".to_string()),
+            "{args:?}"
+        );
     }
 
     #[test]
