@@ -7,6 +7,7 @@
 pub mod bins;
 pub mod hosts;
 pub mod kube_env;
+pub mod load_balancer;
 pub mod operator_http;
 pub mod pods;
 mod process;

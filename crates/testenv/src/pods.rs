@@ -7,7 +7,9 @@
 //! Container images stand for the locally built programs of the same name
 //! (`kube-apiserver`, `etcd`, the project's own operators…). Services resolve
 //! through a generated `/etc/hosts`; the meta-cluster API is reachable from Pods
-//! as `kubernetes.default.svc` through a proxy on the Pods' gateway.
+//! as `kubernetes.default.svc` through a proxy on the Pods' gateway. With
+//! [`Options::load_balancer`], Services of type LoadBalancer get an address
+//! of the machine's (see [`crate::load_balancer`]).
 
 pub mod exec;
 pub mod expand;
@@ -29,6 +31,7 @@ use kube::runtime::reflector;
 use tokio::sync::{Notify, watch};
 
 use crate::kube_env::KubeEnv;
+use crate::load_balancer::LoadBalancer;
 use images::ImageMap;
 use net::PodNetwork;
 
@@ -54,6 +57,8 @@ pub enum Error {
     },
     #[error("cannot reach the API server: {0}")]
     Kube(#[from] kube::Error),
+    #[error("cannot start the load balancer: {0}")]
+    LoadBalancer(#[from] crate::load_balancer::Error),
 }
 
 /// How the runner presents itself.
@@ -70,6 +75,10 @@ pub struct Options {
     /// A name with a tag (`etcd:3.6.15-0`) maps only that tag, so two
     /// releases of one component can run side by side.
     pub programs: BTreeMap<String, PathBuf>,
+    /// Also start a [`LoadBalancer`] for the cluster's Services of type
+    /// LoadBalancer, as a bare-metal meta-cluster has (MetalLB and
+    /// kube-proxy); it stops with the runner.
+    pub load_balancer: bool,
 }
 
 impl Default for Options {
@@ -79,6 +88,7 @@ impl Default for Options {
             labels: BTreeMap::new(),
             cluster_domain: "cluster.local".into(),
             programs: BTreeMap::new(),
+            load_balancer: false,
         }
     }
 }
@@ -91,6 +101,7 @@ pub struct PodRunner {
     log_dir: PathBuf,
     gateway: std::net::Ipv4Addr,
     nodes: Vec<String>,
+    load_balancer: Option<LoadBalancer>,
 }
 
 /// Where `kok-pod-exec` is: `KOK_POD_EXEC`, else beside the running binary's
@@ -121,6 +132,11 @@ impl PodRunner {
     /// registered.
     pub fn start(env: &KubeEnv, options: Options) -> Result<PodRunner, Error> {
         net::sweep_stale();
+        let load_balancer = if options.load_balancer {
+            Some(LoadBalancer::start(env)?)
+        } else {
+            None
+        };
         let exec_program = find_exec_program()?;
         let _ = exec::EXEC_PROGRAM.set(exec_program.clone());
         let mut images = ImageMap::default();
@@ -184,7 +200,7 @@ impl PodRunner {
                     let client = match client_for(&kubeconfig).await {
                         Ok(c) => c,
                         Err(e) => {
-                            let _ = ready_tx.send(Err(e));
+                            let _ = ready_tx.send(Err(e.into()));
                             return;
                         }
                     };
@@ -236,6 +252,7 @@ impl PodRunner {
             log_dir,
             gateway,
             nodes: options.nodes,
+            load_balancer,
         })
     }
 
@@ -256,6 +273,11 @@ impl PodRunner {
             .join(format!("{container}.log"))
     }
 
+    /// The load balancer started with [`Options::load_balancer`].
+    pub fn load_balancer(&self) -> Option<&LoadBalancer> {
+        self.load_balancer.as_ref()
+    }
+
     /// Directory of every container log.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir
@@ -271,11 +293,14 @@ impl Drop for PodRunner {
     }
 }
 
-async fn client_for(kubeconfig: &kube::config::Kubeconfig) -> Result<kube::Client, Error> {
+/// A client of the test cluster, for the runner's own runtime.
+pub(crate) async fn client_for(
+    kubeconfig: &kube::config::Kubeconfig,
+) -> Result<kube::Client, kube::Error> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
         .await
-        .map_err(|e| Error::Kube(kube::Error::InferKubeconfig(e)))?;
-    Ok(kube::Client::try_from(config)?)
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
 }
 
 /// Forward `gateway:443` to the API server, so Pods reach it as
