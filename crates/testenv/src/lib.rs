@@ -4,6 +4,7 @@
 //! Used only as a dev-dependency. Nothing here imitates Kubernetes or sshd: it
 //! starts the real programs and hands tests their addresses and credentials.
 
+mod background;
 pub mod bins;
 pub mod hosts;
 pub mod kube_env;

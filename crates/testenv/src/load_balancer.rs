@@ -14,7 +14,6 @@ mod pool;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -28,6 +27,7 @@ use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 
+use crate::background::Background;
 use crate::kube_env::KubeEnv;
 use crate::pods::net::NetError;
 use pool::Pool;
@@ -56,8 +56,7 @@ pub enum Error {
 /// A running load balancer for one test cluster. Dropping it closes its
 /// ports and removes its addresses; the Services keep the status it wrote.
 pub struct LoadBalancer {
-    stop: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    _background: Background,
     interface: String,
     network: String,
 }
@@ -70,56 +69,23 @@ impl LoadBalancer {
         let interface = pool.interface().to_string();
         let network = pool.network();
         let kubeconfig = env.kubeconfig().clone();
-        let (stop, stop_rx) = watch::channel(false);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
-        let thread = std::thread::Builder::new()
-            .name("kok-load-balancer".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(source) => {
-                        let _ = ready_tx.send(Err(Error::Io {
-                            what: "starting the load balancer's runtime".into(),
-                            source,
-                        }));
-                        return;
-                    }
+        let background = Background::start(
+            "kok-load-balancer",
+            1,
+            |what, source| Error::Io { what, source },
+            move |ready, stop| async move {
+                let client = match crate::pods::client_for(&kubeconfig).await {
+                    Ok(c) => c,
+                    Err(e) => return ready.send(Err(e.into())),
                 };
-                runtime.block_on(async move {
-                    let client = match crate::pods::client_for(&kubeconfig).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e.into()));
-                            return;
-                        }
-                    };
-                    let _ = ready_tx.send(Ok(()));
-                    run(client, pool, stop_rx).await;
-                });
-                // Dropping the runtime closes every port before the pool
-                // (moved into `run`) is gone.
-            })
-            .map_err(|source| Error::Io {
-                what: "starting the load balancer's thread".into(),
-                source,
-            })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(Error::Io {
-                    what: "the load balancer's thread".into(),
-                    source: std::io::Error::other("exited early"),
-                });
-            }
-        }
+                ready.send(Ok(()));
+                // Ports close as the runtime goes; the pool's interface
+                // goes with `run`.
+                run(client, pool, stop).await;
+            },
+        )?;
         Ok(LoadBalancer {
-            stop,
-            thread: Some(thread),
+            _background: background,
             interface,
             network,
         })
@@ -133,15 +99,6 @@ impl LoadBalancer {
     /// The machine's interface the given-out addresses are on.
     pub fn interface(&self) -> &str {
         &self.interface
-    }
-}
-
-impl Drop for LoadBalancer {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -25,11 +25,11 @@ pub mod volumes;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use kube::runtime::reflector;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
+use crate::background::Background;
 use crate::kube_env::KubeEnv;
 use crate::load_balancer::LoadBalancer;
 use images::ImageMap;
@@ -96,8 +96,8 @@ impl Default for Options {
 /// A running Pod runner. Dropping it stops every Pod's processes and removes
 /// the Pod network.
 pub struct PodRunner {
-    stop: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    /// Stopped (every Pod with it) before the load balancer goes.
+    _background: Background,
     log_dir: PathBuf,
     gateway: std::net::Ipv4Addr,
     nodes: Vec<String>,
@@ -174,81 +174,45 @@ impl PodRunner {
         labels.insert(RUNNER_LABEL.into(), "true".into());
         let kubeconfig = env.kubeconfig().clone();
         let api_url = env.api_url().to_string();
-        let (stop, stop_rx) = watch::channel(false);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
         let nodes = options.nodes.clone();
         let domain = options.cluster_domain.clone();
         let log_dir_thread = log_dir.clone();
-        let thread = std::thread::Builder::new()
-            .name("kok-pod-runner".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(source) => {
-                        let _ = ready_tx.send(Err(Error::Io {
-                            what: "starting the runner runtime".into(),
-                            source,
-                        }));
-                        return;
-                    }
+        let background = Background::start(
+            "kok-pod-runner",
+            2,
+            |what, source| Error::Io { what, source },
+            move |ready, stop| async move {
+                let client = match client_for(&kubeconfig).await {
+                    Ok(c) => c,
+                    Err(e) => return ready.send(Err(e.into())),
                 };
-                runtime.block_on(async move {
-                    let client = match client_for(&kubeconfig).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e.into()));
-                            return;
-                        }
-                    };
-                    let proxy = match api_proxy(gateway, &api_url).await {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let (store, writer) = reflector::store();
-                    let shared = Arc::new(runner::Shared {
-                        client,
-                        nodes,
-                        node_labels: labels,
-                        domain,
-                        state: state.clone(),
-                        logs: log_dir_thread,
-                        images,
-                        exec_program,
-                        net,
-                        slices: store,
-                        hosts_files: Mutex::new(Default::default()),
-                        slices_changed: Notify::new(),
-                    });
-                    let _ = ready_tx.send(Ok(()));
-                    runner::run(shared, stop_rx, writer).await;
-                    proxy.abort();
-                    let _ = std::fs::remove_dir_all(&state);
+                let proxy = match api_proxy(gateway, &api_url).await {
+                    Ok(p) => p,
+                    Err(e) => return ready.send(Err(e)),
+                };
+                let (store, writer) = reflector::store();
+                let shared = Arc::new(runner::Shared {
+                    client,
+                    nodes,
+                    node_labels: labels,
+                    domain,
+                    state: state.clone(),
+                    logs: log_dir_thread,
+                    images,
+                    exec_program,
+                    net,
+                    slices: store,
+                    hosts_files: Mutex::new(Default::default()),
+                    slices_changed: Notify::new(),
                 });
-            })
-            .map_err(|source| Error::Io {
-                what: "starting the runner thread".into(),
-                source,
-            })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(Error::Io {
-                    what: "the runner thread".into(),
-                    source: std::io::Error::other("exited early"),
-                });
-            }
-        }
+                ready.send(Ok(()));
+                runner::run(shared, stop, writer).await;
+                proxy.abort();
+                let _ = std::fs::remove_dir_all(&state);
+            },
+        )?;
         Ok(PodRunner {
-            stop,
-            thread: Some(thread),
+            _background: background,
             log_dir,
             gateway,
             nodes: options.nodes,
@@ -281,15 +245,6 @@ impl PodRunner {
     /// Directory of every container log.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir
-    }
-}
-
-impl Drop for PodRunner {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
