@@ -859,6 +859,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     let internal_svc = service(control_plane::apiserver_internal_service(&cluster, &names)).await?;
     let external_svc = service(control_plane::apiserver_external_service(&cluster, &names)).await?;
     let endpoint = external_url(&cluster, &names, Some(&external_svc));
+    let advertise = control_plane::advertised_address(&cluster, Some(&external_svc));
     // Then certificates: everything else mounts them.
     let ips = service_ips(&[&internal_svc, &external_svc]);
     let validity = kok_common::duration::parse(&spec.certificates.validity)
@@ -952,6 +953,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         etcd_report.ready,
         &etcd_version,
         certificates_held.is_some(),
+        advertise.as_deref(),
     )
     .await?;
 

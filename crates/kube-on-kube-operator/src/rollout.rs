@@ -95,11 +95,12 @@ fn render(
     names: &Names,
     component: Component,
     pod: &PodInputs<'_>,
+    advertise: Option<&str>,
 ) -> Deployment {
     match component {
         Component::ControllerManager => control_plane::controller_manager(cluster, names, pod),
         Component::Scheduler => control_plane::scheduler(cluster, names, pod),
-        _ => control_plane::apiserver(cluster, names, pod),
+        _ => control_plane::apiserver(cluster, names, pod, advertise),
     }
 }
 
@@ -202,7 +203,8 @@ fn steps<'a>(
 /// members and control-plane replicas), `etcd_settled` whether etcd runs its
 /// desired version healthy on every member, `etcd_serving` how many members
 /// serve, `pki_held` whether a certificate authority or the service-account
-/// key is held (see [`crate::authorities`]).
+/// key is held (see [`crate::authorities`]), `advertise` the address
+/// kube-apiserver advertises ([`control_plane::advertised_address`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     ctx: &Context,
@@ -215,6 +217,7 @@ pub async fn reconcile(
     etcd_serving: i32,
     etcd_version: &str,
     pki_held: bool,
+    advertise: Option<&str>,
 ) -> Result<Outcome, Error> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let inputs = inputs(
@@ -244,6 +247,7 @@ pub async fn reconcile(
                 image,
                 config_hash: &hash,
             },
+            advertise,
         );
         apply_if_changed(ctx, names, &api, &desired, deployments, generation).await
     };

@@ -13,6 +13,12 @@
 //! selector for the runner's nodes. The runner's nodes carry the control-plane
 //! label the Production example selects. The two run one after the other so
 //! the machine carries one control plane at a time.
+//!
+//! A Minimal Cluster that comes to be exposed by a LoadBalancer gets its
+//! address from the meta-cluster's load balancer: kube-apiserver rolls once
+//! onto it, the endpoint is that address, the admin reaches the business API
+//! there from the machine, and the business cluster's `kubernetes` Service
+//! points at it.
 
 mod common;
 
@@ -20,13 +26,17 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{grant_operator, kubeconfig_file, node_operator_binary, start_operator_pod};
+use common::{
+    grant_operator, kubeconfig_file, node_operator_binary, start_operator_pod,
+    wait_apiserver_rolled_out,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::load_balancer::wait_for_ingress;
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
 use kok_testenv::wait::wait_for;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterPhase, ExtraUser, Placement};
@@ -60,6 +70,9 @@ fn runner() -> &'static PodRunner {
                     ("node-operator".to_string(), node_operator_binary()),
                 ]
                 .into(),
+                // The meta-cluster's load balancer, for the external
+                // Services of type LoadBalancer.
+                load_balancer: true,
                 ..Default::default()
             },
         )
@@ -398,4 +411,179 @@ async fn production_example_becomes_a_working_kubernetes() {
         Duration::from_secs(600),
     )
     .await;
+}
+
+/// Every condition of Cluster `name` True, with `endpoint` when given.
+async fn ready_cluster(clusters: &Api<Cluster>, name: &str, endpoint: Option<&str>) -> Cluster {
+    wait_for(
+        &format!("{name} to be Ready at {endpoint:?}"),
+        Duration::from_secs(300),
+        async || {
+            let c = clusters.get(name).await.ok()?;
+            let at = c.status.as_ref()?.endpoint.as_deref();
+            (endpoint.is_none_or(|e| at == Some(e))
+                && ALL_READY
+                    .iter()
+                    .all(|t| common::condition(&c, t).as_deref() == Some("True")))
+            .then_some(c)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("behind-lb").await;
+    grant_operator(&client, &ns).await;
+    start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
+        tolerations: vec![],
+    });
+    cluster.metadata.namespace = Some(ns.clone());
+    let name = cluster.name_any();
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let apiserver_args = |d: &Deployment| {
+        d.spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .map(|p| p.containers[0].args.clone().unwrap_or_default())
+            .unwrap_or_default()
+    };
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+    // Running inside the meta-cluster first (ClusterIP, the example's):
+    // nothing to advertise.
+    ready_cluster(&clusters, &name, None).await;
+    let before = deployments
+        .get(&format!("{name}-apiserver"))
+        .await
+        .expect("kube-apiserver Deployment");
+    assert!(
+        apiserver_args(&before).contains(&"--endpoint-reconciler-type=none".to_string()),
+        "{:?}",
+        apiserver_args(&before)
+    );
+
+    // Then exposed by a LoadBalancer.
+    let exposed = Instant::now();
+    clusters
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"apiServer": {"external": {"type": "LoadBalancer"}}}}),
+            ),
+        )
+        .await
+        .expect("expose");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let ip = wait_for_ingress(
+        &services,
+        &format!("{name}-apiserver-external"),
+        Duration::from_secs(60),
+    )
+    .await;
+    let endpoint = format!("https://{ip}:6443");
+    let ready = ready_cluster(&clusters, &name, Some(&endpoint)).await;
+    println!(
+        "{name}: Ready at {endpoint} {:?} after the change",
+        exposed.elapsed()
+    );
+    // kube-apiserver rolled once, onto the address (and the certificate
+    // that names it).
+    wait_apiserver_rolled_out(&client, &ns, &name, 1).await;
+    let after = deployments
+        .get(&format!("{name}-apiserver"))
+        .await
+        .expect("kube-apiserver Deployment");
+    let args = apiserver_args(&after);
+    assert!(
+        args.contains(&format!("--advertise-address={ip}"))
+            && args.contains(&"--endpoint-reconciler-type=lease".to_string()),
+        "{args:?}"
+    );
+    assert_eq!(
+        after.metadata.generation,
+        before.metadata.generation.map(|g| g + 1)
+    );
+
+    // The admin reaches the business API from the machine through the
+    // load balancer, checking the certificate against its address.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let secret = ready
+        .status
+        .and_then(|s| s.admin_kubeconfig_secret)
+        .expect("admin secret");
+    let admin = kubeconfig_file(&client, &ns, &secret, dir.path()).await;
+    let text = std::fs::read_to_string(&admin).expect("kubeconfig");
+    assert_eq!(
+        common::kubeconfig_server(&text).as_deref(),
+        Some(endpoint.as_str())
+    );
+    let readyz = kubectl(&admin, &["get", "--raw", "/readyz"]);
+    assert!(
+        readyz.status.success(),
+        "{}",
+        String::from_utf8_lossy(&readyz.stderr)
+    );
+
+    // The business cluster's `kubernetes` Service points at the address.
+    let slice = wait_for(
+        "the kubernetes EndpointSlice to hold the load balancer's address",
+        Duration::from_secs(60),
+        async || {
+            let out = kubectl(
+                &admin,
+                &[
+                    "get",
+                    "-n",
+                    "default",
+                    "endpointslice",
+                    "kubernetes",
+                    "-o",
+                    "json",
+                ],
+            );
+            let slice: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let addresses: Vec<&str> = slice["endpoints"]
+                .as_array()?
+                .iter()
+                .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
+                .filter_map(Value::as_str)
+                .collect();
+            (addresses == [ip.to_string().as_str()]).then_some(slice)
+        },
+    )
+    .await;
+    assert_eq!(slice["ports"][0]["port"], 6443, "{slice}");
+    // Not rolled again since.
+    let last = deployments
+        .get(&format!("{name}-apiserver"))
+        .await
+        .expect("kube-apiserver Deployment");
+    assert_eq!(last.metadata.generation, after.metadata.generation);
+
+    clusters
+        .delete(&name, &DeleteParams::background())
+        .await
+        .expect("delete");
+    wait_for("the Cluster to go", Duration::from_secs(120), async || {
+        clusters.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete("operator", &DeleteParams::default())
+        .await
+        .expect("stop the operator");
 }

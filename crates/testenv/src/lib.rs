@@ -4,9 +4,11 @@
 //! Used only as a dev-dependency. Nothing here imitates Kubernetes or sshd: it
 //! starts the real programs and hands tests their addresses and credentials.
 
+mod background;
 pub mod bins;
 pub mod hosts;
 pub mod kube_env;
+pub mod load_balancer;
 pub mod operator_http;
 pub mod pods;
 mod process;

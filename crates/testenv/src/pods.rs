@@ -7,7 +7,9 @@
 //! Container images stand for the locally built programs of the same name
 //! (`kube-apiserver`, `etcd`, the project's own operators…). Services resolve
 //! through a generated `/etc/hosts`; the meta-cluster API is reachable from Pods
-//! as `kubernetes.default.svc` through a proxy on the Pods' gateway.
+//! as `kubernetes.default.svc` through a proxy on the Pods' gateway. With
+//! [`Options::load_balancer`], Services of type LoadBalancer get an address
+//! of the machine's (see [`crate::load_balancer`]).
 
 pub mod exec;
 pub mod expand;
@@ -23,12 +25,13 @@ pub mod volumes;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use kube::runtime::reflector;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
+use crate::background::Background;
 use crate::kube_env::KubeEnv;
+use crate::load_balancer::LoadBalancer;
 use images::ImageMap;
 use net::PodNetwork;
 
@@ -54,6 +57,8 @@ pub enum Error {
     },
     #[error("cannot reach the API server: {0}")]
     Kube(#[from] kube::Error),
+    #[error("cannot start the load balancer: {0}")]
+    LoadBalancer(#[from] crate::load_balancer::Error),
 }
 
 /// How the runner presents itself.
@@ -70,6 +75,10 @@ pub struct Options {
     /// A name with a tag (`etcd:3.6.15-0`) maps only that tag, so two
     /// releases of one component can run side by side.
     pub programs: BTreeMap<String, PathBuf>,
+    /// Also start a [`LoadBalancer`] for the cluster's Services of type
+    /// LoadBalancer, as a bare-metal meta-cluster has (MetalLB and
+    /// kube-proxy); it stops with the runner.
+    pub load_balancer: bool,
 }
 
 impl Default for Options {
@@ -79,6 +88,7 @@ impl Default for Options {
             labels: BTreeMap::new(),
             cluster_domain: "cluster.local".into(),
             programs: BTreeMap::new(),
+            load_balancer: false,
         }
     }
 }
@@ -86,11 +96,12 @@ impl Default for Options {
 /// A running Pod runner. Dropping it stops every Pod's processes and removes
 /// the Pod network.
 pub struct PodRunner {
-    stop: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    /// Stopped (every Pod with it) before the load balancer goes.
+    _background: Background,
     log_dir: PathBuf,
     gateway: std::net::Ipv4Addr,
     nodes: Vec<String>,
+    load_balancer: Option<LoadBalancer>,
 }
 
 /// Where `kok-pod-exec` is: `KOK_POD_EXEC`, else beside the running binary's
@@ -121,6 +132,11 @@ impl PodRunner {
     /// registered.
     pub fn start(env: &KubeEnv, options: Options) -> Result<PodRunner, Error> {
         net::sweep_stale();
+        let load_balancer = if options.load_balancer {
+            Some(LoadBalancer::start(env)?)
+        } else {
+            None
+        };
         let exec_program = find_exec_program()?;
         let _ = exec::EXEC_PROGRAM.set(exec_program.clone());
         let mut images = ImageMap::default();
@@ -158,84 +174,49 @@ impl PodRunner {
         labels.insert(RUNNER_LABEL.into(), "true".into());
         let kubeconfig = env.kubeconfig().clone();
         let api_url = env.api_url().to_string();
-        let (stop, stop_rx) = watch::channel(false);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), Error>>();
         let nodes = options.nodes.clone();
         let domain = options.cluster_domain.clone();
         let log_dir_thread = log_dir.clone();
-        let thread = std::thread::Builder::new()
-            .name("kok-pod-runner".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(source) => {
-                        let _ = ready_tx.send(Err(Error::Io {
-                            what: "starting the runner runtime".into(),
-                            source,
-                        }));
-                        return;
-                    }
+        let background = Background::start(
+            "kok-pod-runner",
+            2,
+            |what, source| Error::Io { what, source },
+            move |ready, stop| async move {
+                let client = match client_for(&kubeconfig).await {
+                    Ok(c) => c,
+                    Err(e) => return ready.send(Err(e.into())),
                 };
-                runtime.block_on(async move {
-                    let client = match client_for(&kubeconfig).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let proxy = match api_proxy(gateway, &api_url).await {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    let (store, writer) = reflector::store();
-                    let shared = Arc::new(runner::Shared {
-                        client,
-                        nodes,
-                        node_labels: labels,
-                        domain,
-                        state: state.clone(),
-                        logs: log_dir_thread,
-                        images,
-                        exec_program,
-                        net,
-                        slices: store,
-                        hosts_files: Mutex::new(Default::default()),
-                        slices_changed: Notify::new(),
-                    });
-                    let _ = ready_tx.send(Ok(()));
-                    runner::run(shared, stop_rx, writer).await;
-                    proxy.abort();
-                    let _ = std::fs::remove_dir_all(&state);
+                let proxy = match api_proxy(gateway, &api_url).await {
+                    Ok(p) => p,
+                    Err(e) => return ready.send(Err(e)),
+                };
+                let (store, writer) = reflector::store();
+                let shared = Arc::new(runner::Shared {
+                    client,
+                    nodes,
+                    node_labels: labels,
+                    domain,
+                    state: state.clone(),
+                    logs: log_dir_thread,
+                    images,
+                    exec_program,
+                    net,
+                    slices: store,
+                    hosts_files: Mutex::new(Default::default()),
+                    slices_changed: Notify::new(),
                 });
-            })
-            .map_err(|source| Error::Io {
-                what: "starting the runner thread".into(),
-                source,
-            })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(Error::Io {
-                    what: "the runner thread".into(),
-                    source: std::io::Error::other("exited early"),
-                });
-            }
-        }
+                ready.send(Ok(()));
+                runner::run(shared, stop, writer).await;
+                proxy.abort();
+                let _ = std::fs::remove_dir_all(&state);
+            },
+        )?;
         Ok(PodRunner {
-            stop,
-            thread: Some(thread),
+            _background: background,
             log_dir,
             gateway,
             nodes: options.nodes,
+            load_balancer,
         })
     }
 
@@ -256,26 +237,25 @@ impl PodRunner {
             .join(format!("{container}.log"))
     }
 
+    /// The load balancer started with [`Options::load_balancer`].
+    pub fn load_balancer(&self) -> Option<&LoadBalancer> {
+        self.load_balancer.as_ref()
+    }
+
     /// Directory of every container log.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir
     }
 }
 
-impl Drop for PodRunner {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-async fn client_for(kubeconfig: &kube::config::Kubeconfig) -> Result<kube::Client, Error> {
+/// A client of the test cluster, for the runner's own runtime.
+pub(crate) async fn client_for(
+    kubeconfig: &kube::config::Kubeconfig,
+) -> Result<kube::Client, kube::Error> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
         .await
-        .map_err(|e| Error::Kube(kube::Error::InferKubeconfig(e)))?;
-    Ok(kube::Client::try_from(config)?)
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
 }
 
 /// Forward `gateway:443` to the API server, so Pods reach it as

@@ -22,6 +22,9 @@ use crate::names::{Component, Names};
 
 /// Port kube-apiserver serves on inside its Pod and on the internal Service.
 pub const API_PORT: i32 = 6443;
+/// Name of the external Service's port for the advertised endpoint, when
+/// `apiServer.external.port` is another (see [`apiserver_external_service`]).
+const ADVERTISED_PORT_NAME: &str = "advertised";
 const CONTROLLER_MANAGER_PORT: i32 = 10257;
 const SCHEDULER_PORT: i32 = 10259;
 const PKI: &str = "/etc/kubernetes/pki";
@@ -190,14 +193,52 @@ pub(crate) fn mount(name: &str, path: &str) -> VolumeMount {
     }
 }
 
-/// The kube-apiserver Deployment.
-pub fn apiserver(cluster: &Cluster, names: &Names, pod: &PodInputs<'_>) -> Deployment {
+/// Whether kube-apiserver advertises the external LoadBalancer Service's
+/// address: the Service is a LoadBalancer and the spec names no address.
+fn advertises_ingress(cluster: &Cluster) -> bool {
+    let external = &cluster.spec.api_server.external;
+    external.type_ == ExposureType::LoadBalancer && external.addresses.is_empty()
+}
+
+/// The address kube-apiserver advertises, the endpoint of the business
+/// cluster's `kubernetes` Service: the first of `apiServer.external.addresses`,
+/// else the external LoadBalancer Service's ingress IP once its load balancer
+/// has given one. Business-cluster Pods (CoreDNS, the CNI add-on, any
+/// in-cluster client) then reach the API where the kubelets do, as Kamaji
+/// and HyperShift have them. None otherwise: a Pod address of the
+/// meta-cluster is no address the business cluster reaches.
+pub fn advertised_address(cluster: &Cluster, external: Option<&Service>) -> Option<String> {
+    if let Some(address) = cluster.spec.api_server.external.addresses.first() {
+        return Some(address.clone());
+    }
+    if !advertises_ingress(cluster) {
+        return None;
+    }
+    external?
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .iter()
+        .find_map(|i| i.ip.clone())
+}
+
+/// The kube-apiserver Deployment; `advertise` is [`advertised_address`].
+pub fn apiserver(
+    cluster: &Cluster,
+    names: &Names,
+    pod: &PodInputs<'_>,
+    advertise: Option<&str>,
+) -> Deployment {
     let spec = &cluster.spec;
     let etcd_servers = etcd_client_urls(cluster, names);
     // Business-cluster Pods reach the API through the `kubernetes` Service,
-    // whose endpoint is the advertised address: the external one when known.
-    let (advertise, reconciler) = match spec.api_server.external.addresses.first() {
-        Some(address) => (address.clone(), "lease"),
+    // whose endpoint is `<advertise-address>:<secure-port>`, kept by the
+    // replicas' leases. Without an address to advertise, no endpoint.
+    let (advertise, reconciler) = match advertise {
+        Some(address) => (address.to_string(), "lease"),
         None => ("$(POD_IP)".to_string(), "none"),
     };
     let args = flags(
@@ -352,13 +393,23 @@ pub fn apiserver_external_service(cluster: &Cluster, names: &Names) -> Service {
         ExposureType::NodePort => "NodePort",
         ExposureType::LoadBalancer => "LoadBalancer",
     };
+    let mut ports = vec![api_port(external.port, external.node_port)];
+    // The `kubernetes` Service's endpoint carries kube-apiserver's secure
+    // port (no flag changes it): a load balancer on another port serves
+    // that one too, so the advertised endpoint answers.
+    if advertises_ingress(cluster) && external.port != API_PORT {
+        ports.push(ServicePort {
+            name: Some(ADVERTISED_PORT_NAME.into()),
+            ..api_port(API_PORT, None)
+        });
+    }
     apiserver_service(
         cluster,
         names,
         names.apiserver_external_service(),
         ServiceSpec {
             type_: Some(type_.into()),
-            ports: Some(vec![api_port(external.port, external.node_port)]),
+            ports: Some(ports),
             external_ips: None,
             ..Default::default()
         },
@@ -556,6 +607,7 @@ mod tests {
     fn apiserver_talks_to_every_member_and_advertises_the_external_address() {
         let c = cluster(ClusterMode::Production);
         let n = Names::new(&c, "cluster.local");
+        let advertise = advertised_address(&c, None);
         let d = apiserver(
             &c,
             &n,
@@ -563,6 +615,7 @@ mod tests {
                 image: "kube-apiserver:v1.35.4",
                 config_hash: "h",
             },
+            advertise.as_deref(),
         );
         let args = args_of(&d);
         assert!(args.contains(&"--etcd-servers=https://prod-east-etcd-0.clusters.svc.cluster.local:2379,https://prod-east-etcd-1.clusters.svc.cluster.local:2379,https://prod-east-etcd-2.clusters.svc.cluster.local:2379".to_string()));
@@ -578,6 +631,105 @@ mod tests {
             .and_then(|m| m.annotations)
             .expect("annotations");
         assert_eq!(hash[CONFIG_HASH_ANNOTATION], "h");
+    }
+
+    /// The Minimal example behind an external Service of `type_` on `port`,
+    /// with `ingress` in its status.
+    fn exposed(type_: ExposureType, port: i32, ingress: Option<&str>) -> (Cluster, Service) {
+        let mut c = cluster(ClusterMode::Minimal);
+        c.spec.api_server.external.type_ = type_;
+        c.spec.api_server.external.addresses.clear();
+        c.spec.api_server.external.port = port;
+        let n = Names::new(&c, "cluster.local");
+        let mut svc = apiserver_external_service(&c, &n);
+        svc.status = ingress.map(|ip| {
+            serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [
+                {"hostname": "lb.example.com"}, {"ip": ip}
+            ]}}))
+            .expect("status")
+        });
+        (c, svc)
+    }
+
+    fn advertised_args(c: &Cluster, svc: &Service) -> Vec<String> {
+        let n = Names::new(c, "cluster.local");
+        let inputs = PodInputs {
+            image: "x",
+            config_hash: "h",
+        };
+        let advertise = advertised_address(c, Some(svc));
+        args_of(&apiserver(c, &n, &inputs, advertise.as_deref()))
+            .into_iter()
+            .filter(|a| {
+                a.starts_with("--advertise-address") || a.starts_with("--endpoint-reconciler")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_load_balancers_address_is_advertised_once_it_is_given() {
+        let (c, waiting) = exposed(ExposureType::LoadBalancer, 6443, None);
+        assert_eq!(
+            advertised_args(&c, &waiting),
+            [
+                "--advertise-address=$(POD_IP)",
+                "--endpoint-reconciler-type=none"
+            ]
+        );
+        let (c, given) = exposed(ExposureType::LoadBalancer, 6443, Some("198.51.100.7"));
+        assert_eq!(
+            advertised_args(&c, &given),
+            [
+                "--advertise-address=198.51.100.7",
+                "--endpoint-reconciler-type=lease"
+            ]
+        );
+        // An address the spec gives comes first.
+        let mut explicit = c.clone();
+        explicit.spec.api_server.external.addresses = vec!["192.0.2.10".into()];
+        assert_eq!(
+            advertised_address(&explicit, Some(&given)).as_deref(),
+            Some("192.0.2.10")
+        );
+        // Only a LoadBalancer's ingress counts.
+        let (c, node_port) = exposed(ExposureType::NodePort, 6443, Some("198.51.100.7"));
+        assert_eq!(advertised_address(&c, Some(&node_port)), None);
+    }
+
+    #[test]
+    fn a_load_balancer_on_another_port_also_serves_the_secure_port() {
+        let ports = |type_, port, addresses: &[&str]| {
+            let (mut c, _) = exposed(type_, port, None);
+            c.spec.api_server.external.addresses =
+                addresses.iter().map(|a| a.to_string()).collect();
+            let n = Names::new(&c, "cluster.local");
+            apiserver_external_service(&c, &n)
+                .spec
+                .and_then(|s| s.ports)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.name.unwrap_or_default(), p.port, p.target_port))
+                .collect::<Vec<_>>()
+        };
+        let to_api = Some(IntOrString::Int(API_PORT));
+        assert_eq!(
+            ports(ExposureType::LoadBalancer, 443, &[]),
+            [
+                ("https".to_string(), 443, to_api.clone()),
+                ("advertised".to_string(), API_PORT, to_api.clone())
+            ]
+        );
+        for (type_, port, addresses) in [
+            (ExposureType::LoadBalancer, API_PORT, &[][..]),
+            (ExposureType::LoadBalancer, 443, &["192.0.2.10"][..]),
+            (ExposureType::NodePort, 443, &[][..]),
+        ] {
+            assert_eq!(
+                ports(type_, port, addresses),
+                [("https".to_string(), port, to_api.clone())],
+                "{type_:?} {port} {addresses:?}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::Service;
-use kube_on_kube_api::cluster::Cluster;
+use kube_on_kube_api::cluster::{Cluster, ExposureType};
 
 use super::control_plane::{self, PodInputs};
 use super::etcd::{self, MemberPod};
@@ -47,9 +47,16 @@ pub(crate) fn yaml<T: serde::Serialize>(objects: &[T]) -> String {
 
 /// Every control-plane object of `cluster` as the first reconcile of a new
 /// Cluster renders it (etcd bootstrapping with all members, images from the
-/// default registry, a fixed config hash), one file per component.
-fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
+/// default registry, a fixed config hash), one file per component; `ingress`
+/// is the address a load balancer gave the external Service, if any.
+fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<(String, String)> {
     let names = Names::new(cluster, "cluster.local");
+    let mut external = control_plane::apiserver_external_service(cluster, &names);
+    external.status = ingress.map(|ip| {
+        serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}))
+            .expect("status")
+    });
+    let advertise = control_plane::advertised_address(cluster, Some(&external));
     let members = cluster.spec.mode.replicas() as usize;
     let peers: Vec<Peer> = (0..members)
         .map(|i| {
@@ -116,6 +123,7 @@ fn control_plane(prefix: &str, cluster: &Cluster) -> Vec<(String, String)> {
                 cluster,
                 &names,
                 &inputs(&apiserver),
+                advertise.as_deref(),
             )]),
         ),
         (
@@ -155,16 +163,24 @@ fn example(text: &str) -> Cluster {
 
 /// The examples' control planes: a Minimal one (one of everything, an
 /// emptyDir for etcd) and a Production one (three of everything, claims,
-/// placement, an external Service).
+/// placement, an external Service with its address given), and the Minimal
+/// one behind a load balancer on port 443 that has given it an address.
 #[test]
 fn control_plane_golden_files() {
-    let mut outputs = control_plane(
-        "minimal",
-        &example(include_str!("../../../../examples/cluster-minimal.yaml")),
-    );
+    let minimal = example(include_str!("../../../../examples/cluster-minimal.yaml"));
+    let mut outputs = control_plane("minimal", &minimal, None);
     outputs.extend(control_plane(
         "production",
         &example(include_str!("../../../../examples/cluster-production.yaml")),
+        None,
+    ));
+    let mut behind_lb = minimal;
+    behind_lb.spec.api_server.external.type_ = ExposureType::LoadBalancer;
+    behind_lb.spec.api_server.external.port = 443;
+    outputs.extend(control_plane(
+        "load-balancer",
+        &behind_lb,
+        Some("198.51.100.7"),
     ));
     check(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/render/golden"),

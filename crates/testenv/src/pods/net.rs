@@ -14,7 +14,7 @@ pub struct NetError {
     pub message: String,
 }
 
-fn ip(args: &[&str]) -> Result<(), NetError> {
+pub(crate) fn ip(args: &[&str]) -> Result<(), NetError> {
     let fail = |message: String| NetError {
         args: args.join(" "),
         message,
@@ -52,7 +52,7 @@ struct Addresses {
 /// Pod while other Pods still had the old Pod's link-layer address for it
 /// (their neighbour entries outlive it by tens of seconds), and connections
 /// to it went nowhere.
-fn next_free(used: &[bool; 256], last: u8) -> Option<u8> {
+pub(crate) fn next_free(used: &[bool; 256], last: u8) -> Option<u8> {
     (1..=256usize)
         .map(|step| (last as usize + step) % 256)
         .find(|&i| !used[i])
