@@ -454,6 +454,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         "bootstrap@0.1.0",
         "node-operator@0.1.0",
         "kube-proxy@1.35.4",
+        "kube-router@2.1.0",
         "coredns@1.12.1",
         "demo@1.0.0",
         "node-operator 1/1 ready",
@@ -489,6 +490,25 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         .get(&["-n", "kube-system", "configmap", "kube-proxy"])
         .expect("kube-proxy ConfigMap");
     let kubeconfig = proxy_config["data"]["kubeconfig.conf"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        common::kubeconfig_server(kubeconfig).as_deref(),
+        Some(endpoint.as_str()),
+        "{kubeconfig}"
+    );
+    // The pod network, at the same endpoint.
+    let router = api
+        .get(&["-n", "kube-system", "daemonset", "kube-router"])
+        .expect("kube-router DaemonSet");
+    assert_eq!(
+        router["spec"]["template"]["spec"]["containers"][0]["image"],
+        "docker.io/cloudnativelabs/kube-router:v2.1.0"
+    );
+    let router_config = api
+        .get(&["-n", "kube-system", "configmap", "kube-router-cfg"])
+        .expect("kube-router ConfigMap");
+    let kubeconfig = router_config["data"]["kubeconfig.conf"]
         .as_str()
         .unwrap_or_default();
     assert_eq!(
