@@ -167,6 +167,14 @@ rootfs() { # tar-path packages [mmdebstrap options...]
   mv "$tarball.tmp" "$tarball"
 }
 
+# go_install binary ldflags package@version: $dir/bin/<binary> from the Go
+# module proxy, once.
+go_install() {
+  [ -x "$dir/bin/$1" ] && return 0
+  log "building $3"
+  (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags "$2" "$3")
+}
+
 # --- Kubernetes binaries (agnhost, kube-proxy) ---------------------------------
 # The wrapper-module trick of scripts/testenv-bins.sh: require k8s.io/kubernetes
 # and replace each staging module with its published v0.x release.
@@ -247,12 +255,8 @@ build_agnhost() {
 build_coredns() {
   local stage="$dir/src/coredns"
   rm -rf "$stage" && mkdir -p "$stage/root/etc/ssl/certs"
-  if [ ! -x "$dir/bin/coredns" ]; then
-    log "building coredns $COREDNS_VERSION"
-    (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags \
-      "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
-      "github.com/coredns/coredns@$COREDNS_VERSION")
-  fi
+  go_install coredns "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    "github.com/coredns/coredns@$COREDNS_VERSION"
   cp "$dir/bin/coredns" "$stage/root/coredns"
   command -v setcap >/dev/null && setcap cap_net_bind_service=+ep "$stage/root/coredns"
   [ -f /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt "$stage/root/etc/ssl/certs/"
@@ -296,12 +300,8 @@ build_kube_proxy() {
 build_kube_router() {
   local stage="$dir/src/kube-router" pkg=github.com/cloudnativelabs/kube-router/v2/pkg/version
   rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin" "$stage/root/var/lib/gobgp"
-  if [ ! -x "$dir/bin/kube-router" ]; then
-    log "building kube-router $KUBE_ROUTER_VERSION"
-    (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags \
-      "-s -w -X $pkg.Version=$KUBE_ROUTER_VERSION -X $pkg.BuildDate=1970-01-01T00:00:00Z" \
-      "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION")
-  fi
+  go_install kube-router "-s -w -X $pkg.Version=$KUBE_ROUTER_VERSION -X $pkg.BuildDate=1970-01-01T00:00:00Z" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
   cp "$dir/bin/kube-router" "$stage/root/usr/local/bin/kube-router"
   layer "$dir/layers/kube-router-$KUBE_ROUTER_VERSION.tar" "$stage/root"
   rootfs "$dir/layers/kube-router-base.tar" iptables,ipset,iproute2,kmod,conntrack
