@@ -10,6 +10,9 @@
 #   registry.k8s.io/coredns/coredns:v1.12.1  github.com/coredns/coredns
 #   registry.k8s.io/kube-proxy:v1.35.4       k8s.io/kubernetes/cmd/kube-proxy on a Debian rootfs
 #                                            with iptables, nftables, conntrack, ipset, kmod
+#   docker.io/cloudnativelabs/kube-router:v2.1.0
+#                                            github.com/cloudnativelabs/kube-router/v2 on a Debian
+#                                            rootfs with iptables, ipset, iproute2, kmod, conntrack
 #
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
@@ -42,11 +45,17 @@ PAUSE_VERSIONS=${PAUSE_VERSIONS:-3.10.1 3.10}
 AGNHOST_VERSION=${AGNHOST_VERSION:-2.59}
 # The version the coredns add-on template uses.
 COREDNS_VERSION=${COREDNS_VERSION:-v1.12.1}
+# The version the kube-router add-on template uses (the newest the Go module
+# proxy serves).
+KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
+# Each image's marker (done/<image>) is its cache key, so an image added since
+# the directory was made (kube-router) is built alone into it; the directory's
+# name keeps the versions it was first made for.
 dir="$root/images-k8s-$K8S_VERSION-agnhost-$AGNHOST_VERSION-coredns-$COREDNS_VERSION-$DEBIAN_SUITE"
 store="$dir/registry"
 done_dir="$dir/done"
@@ -54,7 +63,8 @@ wanted=()
 for v in $PAUSE_VERSIONS; do wanted+=("registry.k8s.io/pause:$v"); done
 wanted+=("registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION"
   "registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
-  "registry.k8s.io/kube-proxy:$K8S_VERSION")
+  "registry.k8s.io/kube-proxy:$K8S_VERSION"
+  "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")
 
 marker() { echo "$done_dir/$(echo "$1" | tr '/:' '__')"; }
 have_all() {
@@ -157,6 +167,14 @@ rootfs() { # tar-path packages [mmdebstrap options...]
   mv "$tarball.tmp" "$tarball"
 }
 
+# go_install binary ldflags package@version: $dir/bin/<binary> from the Go
+# module proxy, once.
+go_install() {
+  [ -x "$dir/bin/$1" ] && return 0
+  log "building $3"
+  (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags "$2" "$3")
+}
+
 # --- Kubernetes binaries (agnhost, kube-proxy) ---------------------------------
 # The wrapper-module trick of scripts/testenv-bins.sh: require k8s.io/kubernetes
 # and replace each staging module with its published v0.x release.
@@ -237,12 +255,8 @@ build_agnhost() {
 build_coredns() {
   local stage="$dir/src/coredns"
   rm -rf "$stage" && mkdir -p "$stage/root/etc/ssl/certs"
-  if [ ! -x "$dir/bin/coredns" ]; then
-    log "building coredns $COREDNS_VERSION"
-    (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags \
-      "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
-      "github.com/coredns/coredns@$COREDNS_VERSION")
-  fi
+  go_install coredns "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+    "github.com/coredns/coredns@$COREDNS_VERSION"
   cp "$dir/bin/coredns" "$stage/root/coredns"
   command -v setcap >/dev/null && setcap cap_net_bind_service=+ep "$stage/root/coredns"
   [ -f /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt "$stage/root/etc/ssl/certs/"
@@ -274,12 +288,35 @@ build_kube_proxy() {
     -- "$dir/layers/kube-proxy-base.tar" "$dir/layers/kube-proxy-$K8S_VERSION.tar"
 }
 
+# --- kube-router ----------------------------------------------------------------
+# Upstream's Dockerfile: the static binary (CGO_ENABLED=0, the version and
+# build date in pkg/version) in /usr/local/bin on a distribution with
+# iptables, ipset, iproute2 (`ip` for tunnels and policy routing), kmod
+# (`modprobe br_netfilter`), conntrack and a shell for the DaemonSet's
+# install-cni init container. Left out: the gobgp CLI (a debugging tool) and
+# the CNI plugins and cni-install script upstream bundles (the node-operator
+# installs the CNI plugins; the init container runs cni-install only when
+# present).
+build_kube_router() {
+  local stage="$dir/src/kube-router" pkg=github.com/cloudnativelabs/kube-router/v2/pkg/version
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin" "$stage/root/var/lib/gobgp"
+  go_install kube-router "-s -w -X $pkg.Version=$KUBE_ROUTER_VERSION -X $pkg.BuildDate=1970-01-01T00:00:00Z" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  cp "$dir/bin/kube-router" "$stage/root/usr/local/bin/kube-router"
+  layer "$dir/layers/kube-router-$KUBE_ROUTER_VERSION.tar" "$stage/root"
+  rootfs "$dir/layers/kube-router-base.tar" iptables,ipset,iproute2,kmod,conntrack
+  push "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION" \
+    --entrypoint /usr/local/bin/kube-router --workdir /root \
+    -- "$dir/layers/kube-router-base.tar" "$dir/layers/kube-router-$KUBE_ROUTER_VERSION.tar"
+}
+
 for v in $PAUSE_VERSIONS; do
   [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
 done
 [ -s "$(marker "registry.k8s.io/coredns/coredns:$COREDNS_VERSION")" ] || timed coredns build_coredns
 [ -s "$(marker "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION")" ] || timed agnhost build_agnhost
 [ -s "$(marker "registry.k8s.io/kube-proxy:$K8S_VERSION")" ] || timed kube-proxy build_kube_proxy
+[ -s "$(marker "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")" ] || timed kube-router build_kube_router
 
 have_all || die "some images are missing"
 for i in "${wanted[@]}"; do echo "$i@$(cat "$(marker "$i")")"; done >"$dir/images.txt"

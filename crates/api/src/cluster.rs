@@ -114,8 +114,8 @@ pub struct ClusterSpec {
     pub extra_users: Vec<ExtraUser>,
 
     /// Add-ons applied into the business cluster once its API answers, in
-    /// addition to the built-in ones (bootstrap RBAC, kube-proxy, CoreDNS,
-    /// node-operator).
+    /// addition to the built-in ones (bootstrap RBAC, kube-proxy, the
+    /// kube-router pod network, CoreDNS, node-operator).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
@@ -407,8 +407,8 @@ pub struct ExtraUser {
 #[serde(rename_all = "camelCase")]
 pub struct Addon {
     /// Name of a registered add-on template (built-in: `bootstrap`,
-    /// `kube-proxy`, `coredns`, `node-operator`; others from ConfigMaps labelled
-    /// `kubeonkube.io/addon-template`).
+    /// `kube-proxy`, `kube-router`, `coredns`, `node-operator`; others from
+    /// ConfigMaps labelled `kubeonkube.io/addon-template`).
     #[schemars(
         length(min = 1, max = 63),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -421,7 +421,8 @@ pub struct Addon {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub values: Option<serde_json::Value>,
-    /// Set false to remove a built-in add-on.
+    /// Set false to remove a built-in add-on (`kube-router` when the cluster
+    /// brings its own pod network).
     #[serde(default = "default_true")]
     pub enabled: bool,
 }

@@ -40,8 +40,9 @@ pub struct PolicyArgs {
     /// Images a Cluster may run besides the repositories of the operator's
     /// own defaults (`<--image-registry>/etcd`, `…/kube-apiserver`,
     /// `…/kube-controller-manager`, `…/kube-scheduler`, `…/kube-proxy`,
-    /// `…/coredns/coredns`, `…/node-operator` and the repository of
-    /// --node-operator-image, at any tag or digest), comma-separated. An
+    /// `…/coredns/coredns`, `…/node-operator`, the repository of
+    /// --node-operator-image and `docker.io/cloudnativelabs/kube-router`, at
+    /// any tag or digest), comma-separated. An
     /// entry ending in `/` allows every image under it
     /// (`registry.example.com/kube/`); any other entry is one repository, at
     /// any tag or digest (`registry.example.com/etcd`); `*` allows every
@@ -128,6 +129,7 @@ pub fn default_repositories(config: &Config) -> Vec<String> {
             .into_iter()
             .map(|r| format!("{registry}/{r}")),
     )
+    .chain([crate::render::addons::KUBE_ROUTER_REPOSITORY.to_string()])
     .collect();
     if let Some(image) = &config.node_operator_image {
         repositories.push(repository(image).to_string());
@@ -519,12 +521,14 @@ mod tests {
             "registry.k8s.io/node-operator:0.1.0",
             "example.test/kok/node-operator:dev",
             "example.test/kok/node-operator:0.2.0",
+            "docker.io/cloudnativelabs/kube-router:v2.1.0",
         ] {
             assert!(image_allowed(ok, &c), "{ok}");
         }
         for bad in [
             "registry.k8s.io/busybox:1",
             "docker.io/library/etcd:3.6",
+            "docker.io/cloudnativelabs/kube-router-evil:v2.1.0",
             "example.test/kok/evil:dev",
             "etcd:3.6.16-0",
         ] {

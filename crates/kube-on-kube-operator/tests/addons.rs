@@ -454,6 +454,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         "bootstrap@0.1.0",
         "node-operator@0.1.0",
         "kube-proxy@1.35.4",
+        "kube-router@2.1.0",
         "coredns@1.12.1",
         "demo@1.0.0",
         "node-operator 1/1 ready",
@@ -478,24 +479,36 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
     // In the business cluster.
     let dir = tempfile::tempdir().expect("tempdir");
     let api = business(&client, &ns, dir.path()).await;
-    let proxy = api
-        .get(&["-n", "kube-system", "daemonset", "kube-proxy"])
-        .expect("kube-proxy DaemonSet");
-    assert_eq!(
-        proxy["spec"]["template"]["spec"]["containers"][0]["image"],
-        "registry.k8s.io/kube-proxy:v1.35.4"
-    );
-    let proxy_config = api
-        .get(&["-n", "kube-system", "configmap", "kube-proxy"])
-        .expect("kube-proxy ConfigMap");
-    let kubeconfig = proxy_config["data"]["kubeconfig.conf"]
-        .as_str()
-        .unwrap_or_default();
-    assert_eq!(
-        common::kubeconfig_server(kubeconfig).as_deref(),
-        Some(endpoint.as_str()),
-        "{kubeconfig}"
-    );
+    // kube-proxy and the pod network reach the API at the external endpoint.
+    for (daemonset, image, config) in [
+        (
+            "kube-proxy",
+            "registry.k8s.io/kube-proxy:v1.35.4",
+            "kube-proxy",
+        ),
+        (
+            "kube-router",
+            "docker.io/cloudnativelabs/kube-router:v2.1.0",
+            "kube-router-cfg",
+        ),
+    ] {
+        let ds = api
+            .get(&["-n", "kube-system", "daemonset", daemonset])
+            .expect(daemonset);
+        assert_eq!(
+            ds["spec"]["template"]["spec"]["containers"][0]["image"],
+            image
+        );
+        let map = api
+            .get(&["-n", "kube-system", "configmap", config])
+            .expect(config);
+        let kubeconfig = map["data"]["kubeconfig.conf"].as_str().unwrap_or_default();
+        assert_eq!(
+            common::kubeconfig_server(kubeconfig).as_deref(),
+            Some(endpoint.as_str()),
+            "{config}: {kubeconfig}"
+        );
+    }
     let coredns = api
         .get(&["-n", "kube-system", "deployment", "coredns"])
         .expect("CoreDNS Deployment");
@@ -593,7 +606,13 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
     .await;
     let after = applied_at(&maps).await;
     assert!(after["demo"] > before["demo"], "{before:?} {after:?}");
-    for name in ["bootstrap", "node-operator", "kube-proxy", "coredns"] {
+    for name in [
+        "bootstrap",
+        "node-operator",
+        "kube-proxy",
+        "kube-router",
+        "coredns",
+    ] {
         assert_eq!(after[name], before[name], "{name} was applied again");
     }
 

@@ -1,6 +1,7 @@
 //! Add-ons of a business cluster as versioned templates rendered with the
 //! Cluster's values: the built-in ones (`bootstrap`, `node-operator`,
-//! `kube-proxy`, `coredns`) and those users register as labelled ConfigMaps.
+//! `kube-proxy`, `kube-router`, `coredns`) and those users register as
+//! labelled ConfigMaps.
 //! Which add-ons a Cluster gets, at which version and with which values, and
 //! the objects they render to, are pure functions of the spec; the apply step
 //! is in [`crate::addons`].
@@ -39,12 +40,20 @@ pub const BOOTSTRAP: &str = "bootstrap";
 pub const NODE_OPERATOR: &str = "node-operator";
 /// Built-in add-on: kube-proxy on every node.
 pub const KUBE_PROXY: &str = "kube-proxy";
+/// Built-in add-on: the pod network, kube-router routing each Node's podCIDR
+/// to the other nodes.
+pub const KUBE_ROUTER: &str = "kube-router";
+/// kube-router version used unless the Cluster asks for another.
+pub const KUBE_ROUTER_VERSION: &str = "2.1.0";
+/// Repository of kube-router's image: where upstream publishes it, not
+/// under the operator's registry, which serves Kubernetes' own images.
+pub const KUBE_ROUTER_REPOSITORY: &str = "docker.io/cloudnativelabs/kube-router";
 /// Built-in add-on: cluster DNS.
 pub const COREDNS: &str = "coredns";
 /// CoreDNS version used unless the Cluster asks for another.
 pub const COREDNS_VERSION: &str = "1.12.1";
 /// Built-in add-ons in the order they are applied (before the users' own).
-pub const BUILTIN: [&str; 4] = [BOOTSTRAP, NODE_OPERATOR, KUBE_PROXY, COREDNS];
+pub const BUILTIN: [&str; 5] = [BOOTSTRAP, NODE_OPERATOR, KUBE_PROXY, KUBE_ROUTER, COREDNS];
 
 /// Operator-wide inputs of the add-ons.
 #[derive(Debug, Clone)]
@@ -220,6 +229,7 @@ fn retag(image: &str, tag: &str) -> String {
 fn builtin_version(name: &str, cluster: &Cluster, settings: &Settings<'_>) -> String {
     match name {
         KUBE_PROXY => cluster.spec.version.clone(),
+        KUBE_ROUTER => KUBE_ROUTER_VERSION.to_string(),
         COREDNS => COREDNS_VERSION.to_string(),
         _ => settings.operator_version.to_string(),
     }
@@ -253,6 +263,14 @@ fn builtin(
                 "image": format!("{registry}/kube-proxy:v{version}"),
                 "mode": "iptables",
                 "clusterCIDR": cluster.spec.network.pod_cidr,
+                "conntrackMaxPerCore": 0,
+            }),
+        ),
+        KUBE_ROUTER => (
+            include_str!("addons/kube-router.yaml"),
+            json!({
+                "image": format!("{KUBE_ROUTER_REPOSITORY}:v{version}"),
+                "extraArgs": [],
             }),
         ),
         COREDNS => (
@@ -598,6 +616,7 @@ mod tests {
                 ("bootstrap".into(), "0.1.0".into()),
                 ("node-operator".into(), "0.1.0".into()),
                 ("kube-proxy".into(), "1.35.4".into()),
+                ("kube-router".into(), KUBE_ROUTER_VERSION.into()),
                 ("coredns".into(), COREDNS_VERSION.into()),
                 ("metrics-server".into(), "0.7.2".into()),
             ]
@@ -606,7 +625,15 @@ mod tests {
             panic!("kube-proxy applied")
         };
         assert_eq!(proxy.values["image"], "registry.k8s.io/kube-proxy:v1.35.4");
-        let Plan::Apply(metrics) = &plans[4] else {
+        // Where upstream publishes it, whatever the operator's registry.
+        let Plan::Apply(router) = &plans[3] else {
+            panic!("kube-router applied")
+        };
+        assert_eq!(
+            router.values["image"],
+            "docker.io/cloudnativelabs/kube-router:v2.1.0"
+        );
+        let Plan::Apply(metrics) = &plans[5] else {
             panic!("metrics-server applied")
         };
         // The Cluster's value wins over the template's default.
@@ -643,7 +670,7 @@ mod tests {
                 name: KUBE_PROXY.into()
             }
         );
-        let Plan::Apply(dns) = &plans[3] else {
+        let Plan::Apply(dns) = &plans[4] else {
             panic!("coredns applied")
         };
         assert_eq!(dns.version, "1.11.3");
@@ -834,6 +861,136 @@ mod tests {
         }
     }
 
+    /// A key of an add-on's ConfigMap, parsed as YAML (JSON included).
+    fn config_file(objects: &[DynamicObject], map: &str, key: &str) -> Value {
+        let text = find(objects, "ConfigMap", map).data["data"][key]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{map} {key}: {e}: {text}"))
+    }
+
+    #[test]
+    fn kube_router_routes_the_pod_network_and_leaves_services_to_kube_proxy() {
+        let mut c = production();
+        c.spec.addons.push(Addon {
+            name: KUBE_ROUTER.into(),
+            version: KUBE_ROUTER_VERSION.into(),
+            values: Some(json!({"extraArgs": ["--run-firewall=true"]})),
+            enabled: true,
+        });
+        let all = render_all(&c);
+        let router = &all
+            .iter()
+            .find(|(n, _)| n == KUBE_ROUTER)
+            .expect("kube-router")
+            .1
+            .objects;
+
+        // The API at the external endpoint with the ServiceAccount token.
+        let kubeconfig = config_file(router, "kube-router-cfg", "kubeconfig.conf");
+        assert_eq!(
+            kubeconfig["clusters"][0]["cluster"]["server"],
+            "https://api.prod-east.example.com:6443"
+        );
+        assert_eq!(
+            kubeconfig["users"][0]["user"]["tokenFile"],
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        );
+        // The plugins the node-operator installs; no subnet: kube-router
+        // writes in its Node's podCIDR.
+        let cni = config_file(router, "kube-router-cfg", "cni-conf.json");
+        let plugins: Vec<&str> = cni["plugins"]
+            .as_array()
+            .expect("plugins")
+            .iter()
+            .filter_map(|p| p["type"].as_str())
+            .collect();
+        assert_eq!(plugins, ["bridge", "portmap"]);
+        assert_eq!(cni["plugins"][0]["ipam"], json!({"type": "host-local"}));
+
+        let pod = &find(router, "DaemonSet", "kube-router").data["spec"]["template"]["spec"];
+        assert_eq!(pod["hostNetwork"], true);
+        assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+        let container = &pod["containers"][0];
+        assert_eq!(
+            container["image"],
+            "docker.io/cloudnativelabs/kube-router:v2.1.0"
+        );
+        assert_eq!(container["securityContext"]["privileged"], true);
+        assert_eq!(
+            container["args"],
+            json!([
+                "--kubeconfig=/etc/kube-router/kubeconfig.conf",
+                "--run-router=true",
+                "--run-firewall=false",
+                "--run-service-proxy=false",
+                "--bgp-graceful-restart=true",
+                // The Cluster's, last, so they win.
+                "--run-firewall=true",
+            ])
+        );
+        assert_eq!(pod["initContainers"][0]["image"], container["image"]);
+        // No hostPath into /opt: the CNI plugins are the node-operator's.
+        let host_paths: Vec<&str> = pod["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .filter_map(|v| v["hostPath"]["path"].as_str())
+            .collect();
+        assert_eq!(
+            host_paths,
+            ["/lib/modules", "/etc/cni/net.d", "/run/xtables.lock"]
+        );
+
+        let rules = &find(router, "ClusterRole", "kube-router").data["rules"];
+        assert!(
+            rules
+                .as_array()
+                .expect("rules")
+                .iter()
+                .all(|r| r["verbs"] == json!(["list", "get", "watch"])),
+            "read-only: {rules}"
+        );
+
+        // kube-proxy is the service proxy and leaves the global conntrack
+        // table size alone unless asked.
+        let proxy = &all.iter().find(|(n, _)| n == KUBE_PROXY).expect("proxy").1;
+        let config = config_file(&proxy.objects, "kube-proxy", "config.conf");
+        assert_eq!(config["conntrack"], json!({"maxPerCore": 0}));
+        assert_eq!(config["clusterCIDR"], "10.244.0.0/16");
+        c.spec.addons.push(Addon {
+            name: KUBE_PROXY.into(),
+            version: "1.35.4".into(),
+            values: Some(json!({"conntrackMaxPerCore": 32768})),
+            enabled: true,
+        });
+        let all = render_all(&c);
+        let proxy = &all.iter().find(|(n, _)| n == KUBE_PROXY).expect("proxy").1;
+        let config = config_file(&proxy.objects, "kube-proxy", "config.conf");
+        assert_eq!(config["conntrack"]["maxPerCore"], 32768);
+    }
+
+    #[test]
+    fn a_cluster_bringing_its_own_pod_network_disables_kube_router() {
+        let mut c = production();
+        c.spec.addons.push(Addon {
+            name: KUBE_ROUTER.into(),
+            version: KUBE_ROUTER_VERSION.into(),
+            values: None,
+            enabled: false,
+        });
+        let plans = plan(&c, &SETTINGS, &[], &[]);
+        assert!(plans.contains(&Plan::Disabled {
+            name: KUBE_ROUTER.into()
+        }));
+        assert!(
+            !template_selector(&c)
+                .unwrap_or_default()
+                .contains(KUBE_ROUTER)
+        );
+    }
+
     #[test]
     fn the_hash_follows_content_and_version() {
         let c = production();
@@ -1019,7 +1176,7 @@ mod tests {
         assert_eq!(
             template_selector(&c).as_deref(),
             Some(
-                "kubeonkube.io/addon-template in (bootstrap,node-operator,kube-proxy,coredns,metrics-server)"
+                "kubeonkube.io/addon-template in (bootstrap,node-operator,kube-proxy,kube-router,coredns,metrics-server)"
             )
         );
         c.spec.addons = BUILTIN
