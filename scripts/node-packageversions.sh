@@ -19,6 +19,9 @@
 #                     root lacks CAP_SYS_RESOURCE (hosts that are themselves
 #                     containers, like the SSH test hosts) no process may lower its
 #                     oom_score_adj, and runc fails the pause container's -998.
+#
+# The kubelet unit passes the Machine's spec.kubelet.extraArgs (template key
+# kubeletExtraArgs) on as flags: the SSH test hosts' --cgroup-root, for one.
 set -euo pipefail
 
 usage() { echo "usage: $0 BASE_URL [--mirror HOST:PORT] [--cgroup-v1] [--restrict-oom-score-adj]" >&2; exit 2; }
@@ -248,7 +251,7 @@ cat <<YAML
         After=containerd.service
         Requires=containerd.service
         [Service]
-        ExecStart=/usr/local/bin/kubelet --config=/var/lib/kubelet/config.yaml --bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf --hostname-override={{nodeName}} --node-ip={{nodeIP}} --node-labels={{nodeLabels}}
+        ExecStart=/usr/local/bin/kubelet --config=/var/lib/kubelet/config.yaml --bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf --hostname-override={{nodeName}} --node-ip={{nodeIP}} --node-labels={{nodeLabels}}{% for flag, value in kubeletExtraArgs | items %} --{{ flag }}={{ value | systemd }}{% endfor %}
         Restart=always
         [Install]
         WantedBy=multi-user.target

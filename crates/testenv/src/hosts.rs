@@ -5,21 +5,37 @@
 //! Each host of a [`TestHosts`] run has:
 //! - its own address on a bridge holding a /24 of 10.213.0.0/16 that nothing
 //!   else on the machine uses (the bridge's `.1` is the machine, hosts have
-//!   `.2` onwards), and `eth0` with that address;
+//!   `.2` onwards), and `eth0` with that address. Its default route leads to
+//!   the machine, which forwards IPv4 to its other networks (the Pod
+//!   runner's bridge, its own addresses) but never out of the machine;
 //! - its own sshd with its own ed25519 host key, accepting the run's client
 //!   key for root;
 //! - its own hostname, and its own processes (its init is PID 1);
 //! - its own, initially empty, contents of [`PRIVATE_DIRS`] (and of
 //!   [`HostsOptions::extra_private_dirs`]): what one host installs there, no
-//!   other host and not the machine sees. Everything else of the filesystem
-//!   is the machine's, shared. `/run`, `/tmp`, `/var/log`, `/root` and
-//!   `/usr/local/sbin` are fresh and empty at every boot;
+//!   other host and not the machine sees. `/etc` is the machine's with the
+//!   host's own changes on top (an overlay), so files a package writes
+//!   there (`/etc/crictl.yaml`) stay the host's; the host has its own
+//!   `/etc/hostname` and `/etc/machine-id`. Everything else of the
+//!   filesystem is the machine's, shared. `/run`, `/tmp`, `/var/log` and
+//!   `/root` are fresh and empty at every boot. Mounts are shared inside the
+//!   host (as systemd leaves them) and never reach the machine;
+//! - its own cgroup subtree, [`TestHost::cgroup_root`], at the same path in
+//!   every cgroup hierarchy (v1 controllers, the named `systemd` one, a v2
+//!   one): init and sshd in `<root>/init.scope` and
+//!   `<root>/system.slice/ssh.service`, each unit in
+//!   `<root>/system.slice/<unit>`. A kubelet given the root as its
+//!   `--cgroup-root` puts its Pods in `<root>/kubepods`. The subtree is
+//!   removed, after killing whatever is left in it, when the host stops;
 //! - `systemctl` and `journalctl` backed by a small service manager (the
 //!   host's init) that runs the units in `/etc/systemd/system`: `start`,
 //!   `stop`, `restart`, `enable`, `disable`, `daemon-reload`, `is-active`,
 //!   `status`, `show`, `kill`, ... with `Restart=`, `Environment=`,
-//!   `EnvironmentFile=`, `ExecStartPre=`, drop-ins, and the units enabled
-//!   into a target started at boot.
+//!   `EnvironmentFile=`, `ExecStartPre=` (`-` ignores a failure),
+//!   `KillMode=` (`process` leaves what the main process started running),
+//!   `Limit*=` resource limits, `Requires=`/`Wants=`/`After=` (a stop or
+//!   restart of a required unit reaches the units requiring it), drop-ins,
+//!   and the units enabled into a target started at boot.
 //!
 //! An HTTP server on the bridge address serves [`TestHosts::artifacts_dir`].
 //!
@@ -50,6 +66,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::time::Duration;
 
 mod artifacts;
+mod cgroups;
 mod error;
 #[doc(hidden)]
 pub mod guest;
@@ -68,15 +85,21 @@ use guest::BootConfig;
 use launch::Running;
 use network::Subnet;
 
-/// Directories whose contents are each host's own: where packages install.
-/// Those missing on the machine are created there (empty), as mount points.
-pub const PRIVATE_DIRS: [&str; 7] = [
+/// Directories whose contents are each host's own: where packages install
+/// and keep their state (a node's containerd, CNI plugins and kubelet among
+/// them). Those missing on the machine are created there (empty), as mount
+/// points. `/usr/local/sbin` also holds the host's `systemctl`.
+pub const PRIVATE_DIRS: [&str; 11] = [
     "/opt",
     "/usr/local/bin",
+    "/usr/local/sbin",
     "/etc/kubernetes",
     "/etc/systemd/system",
     "/etc/cni",
+    "/etc/containerd",
     "/var/lib/kubelet",
+    "/var/lib/containerd",
+    "/var/lib/cni",
     "/var/lib/kube-on-kube",
 ];
 
@@ -162,6 +185,7 @@ impl TestHosts {
                 run_dir::create(|taken| network::choose_subnet(taken, sys::random_u64()))?;
             if let Err(e) = network::create_bridge(&id, subnet) {
                 let _ = network::delete_links(&[network::bridge_name(&id)]);
+                let _ = network::delete_rules(&[network::bridge_name(&id)]);
                 let _ = run_dir::remove_tree(&dir);
                 return Err(e);
             }
@@ -285,6 +309,11 @@ impl TestHosts {
     pub fn subnet(&self) -> String {
         self.run.subnet.to_string()
     }
+
+    /// The name of the machine's bridge the hosts are plugged into.
+    pub fn bridge(&self) -> String {
+        network::bridge_name(&self.run.id)
+    }
 }
 
 impl Drop for TestHosts {
@@ -382,6 +411,14 @@ impl TestHost {
         Some(self.run.host_dir(self.index).join("root").join(relative))
     }
 
+    /// The host's cgroup root, e.g. `/kok-hosts/kt0a1b2c-0`: the same path
+    /// in every cgroup hierarchy of the machine (under `/sys/fs/cgroup/*/`),
+    /// holding every process of the host while it runs. Give it to a
+    /// kubelet as its `--cgroup-root` (with `cgroupDriver: cgroupfs`).
+    pub fn cgroup_root(&self) -> String {
+        self.run.cgroup_root(self.index)
+    }
+
     /// The host's init and sshd log on the machine.
     pub fn log_path(&self) -> PathBuf {
         self.run.host_dir(self.index).join("log")
@@ -405,6 +442,7 @@ impl TestHost {
     pub fn stop(&self) {
         let running = self.run.slot(self.index).take();
         drop(running);
+        self.run.remove_cgroup(self.index);
         // Its end of the veth goes with the namespace, but asynchronously;
         // deleting it now lets `start` create it again at once.
         let _ = network::delete_links(&[network::veth_name(&self.run.id, self.index)]);
@@ -466,11 +504,34 @@ impl Run {
         format!("kt{}-{index}", self.id)
     }
 
+    fn cgroup_root(&self, index: usize) -> String {
+        cgroups::host_root(&self.host_name(index))
+    }
+
+    /// Kills whatever is left in a stopped host's cgroups and removes them.
+    fn remove_cgroup(&self, index: usize) {
+        if let Err(e) = cgroups::remove(&self.cgroup_root(index), Duration::from_secs(10)) {
+            eprintln!("kok-testenv: host {}: {e}", self.host_name(index));
+        }
+    }
+
     fn slot(&self, index: usize) -> MutexGuard<'_, Option<Running>> {
         self.slots[index].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn boot(&self, indices: &[usize]) -> Result<(), Error> {
+        for &index in indices {
+            let root = self.cgroup_root(index);
+            if let Err(source) = cgroups::create(&root) {
+                for &created in indices {
+                    self.remove_cgroup(created);
+                }
+                return Err(Error::HostSetup {
+                    step: format!("create the cgroup {root}"),
+                    source,
+                });
+            }
+        }
         let plans: Vec<launch::Plan> = indices
             .iter()
             .map(|&index| launch::Plan {
@@ -481,11 +542,21 @@ impl Run {
                     private_dirs: self.private_dirs.clone(),
                     address: self.subnet.host(index),
                     prefix_len: 24,
+                    gateway: self.subnet.gateway(),
+                    cgroup_root: Some(self.cgroup_root(index)),
                 },
                 log: self.host_dir(index).join("log"),
             })
             .collect();
-        let running = launch::boot(&self.helper, &self.id, self.subnet, &plans)?;
+        let running = match launch::boot(&self.helper, &self.id, self.subnet, &plans) {
+            Ok(running) => running,
+            Err(e) => {
+                for &index in indices {
+                    self.remove_cgroup(index);
+                }
+                return Err(e);
+            }
+        };
         for (&index, running) in indices.iter().zip(running) {
             *self.slot(index) = Some(running);
         }
@@ -514,10 +585,14 @@ impl Run {
         }
         // Killed all at once above, waited for one by one here.
         drop(hosts);
+        for index in 0..self.slots.len() {
+            self.remove_cgroup(index);
+        }
         let links: Vec<String> = std::iter::once(network::bridge_name(&self.id))
             .chain((0..self.slots.len()).map(|i| network::veth_name(&self.id, i)))
             .collect();
         let _ = network::delete_links(&links);
+        let _ = network::delete_rules(&[network::bridge_name(&self.id)]);
         let _ = run_dir::remove_tree(&self.dir);
     }
 }

@@ -17,8 +17,8 @@ mod cluster;
 mod components;
 mod error;
 mod pki;
-mod supervisor;
-mod workdir;
+pub(crate) mod supervisor;
+pub(crate) mod workdir;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
 //! The real test environment: upstream Kubernetes binaries built by
-//! `scripts/testenv-bins.sh`, and SSH test hosts in network namespaces.
+//! `scripts/testenv-bins.sh`, SSH test hosts in network namespaces that run
+//! a worker node's software, and the OCI registry serving its images.
 //!
 //! Used only as a dev-dependency. Nothing here imitates Kubernetes or sshd: it
 //! starts the real programs and hands tests their addresses and credentials.
@@ -9,10 +10,12 @@ pub mod bins;
 pub mod hosts;
 pub mod kube_env;
 pub mod load_balancer;
+pub mod node_software;
 pub mod operator_http;
 pub mod pods;
 mod process;
 pub mod proxy;
+pub mod registry;
 mod sys;
 pub mod wait;
 pub mod watchdog;

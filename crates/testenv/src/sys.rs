@@ -269,3 +269,46 @@ pub fn make_mounts_private() -> io::Result<()> {
         None,
     )
 }
+
+/// Make every mount below `/` shared within this mount namespace, as systemd
+/// leaves a machine: mounts made later below a shared mount reach the
+/// namespaces cloned from it that ask for them (`rslave` container mounts).
+/// Call it after [`make_mounts_private`], so the peer groups are new ones
+/// that the machine is not part of.
+pub fn make_mounts_shared() -> io::Result<()> {
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_SHARED,
+        None,
+    )
+}
+
+/// getrlimit(2): `(soft, hard)`, `RLIM_INFINITY` as `u64::MAX`.
+pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid pointer to an rlimit the call fills in.
+    check(unsafe { libc::getrlimit(resource, &mut limit) })?;
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// setrlimit(2) of this process.
+pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: a valid pointer to an initialized rlimit.
+    check(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+}
+
+/// umount2(2) with `MNT_DETACH`: the mount goes from the tree at once.
+pub fn unmount_detach(target: &Path) -> io::Result<()> {
+    let target = path_cstring(target)?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}

@@ -249,6 +249,258 @@ fn oneshot_units_pre_commands_and_unrunnable_programs() {
     assert!(run(host, "journalctl -u missing").contains("/opt/not-installed"));
 }
 
+/// A unit whose main process leaves a child behind in a session of its
+/// own, which only the unit's cgroup still ties to it.
+fn forking_unit(kill_mode: &str) -> String {
+    format!(
+        "[Service]\nExecStart=/bin/sh -c 'setsid sleep 2000 & exec sleep 1000'\n\
+         KillMode={kill_mode}\n"
+    )
+}
+
+fn pids_of(host: &TestHost, command: &str) -> Vec<String> {
+    run(host, &format!("pgrep -f '^{command}$' || true"))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn units_run_in_cgroups_with_kill_modes_limits_and_dependencies() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    let root = host.cgroup_root();
+
+    // KillMode=control-group (the default) stops what the unit started;
+    // KillMode=process leaves it running, as containerd's shims must be.
+    install_unit(host, "grouped.service", &forking_unit("control-group"));
+    install_unit(host, "keeper.service", &forking_unit("process"));
+    run(host, "systemctl start grouped");
+    eventually(Duration::from_secs(5), "the grouped child", || {
+        pids_of(host, "sleep 2000").len() == 1
+    });
+    let grouped_child = pids_of(host, "sleep 2000");
+    let cgroup = run(host, &format!("cat /proc/{}/cgroup", grouped_child[0]));
+    for line in cgroup.lines() {
+        assert!(
+            line.ends_with(&format!("{root}/system.slice/grouped.service")),
+            "{cgroup}"
+        );
+    }
+    assert_eq!(
+        run(host, "systemctl show -p ControlGroup,KillMode grouped"),
+        format!("ControlGroup={root}/system.slice/grouped.service\nKillMode=control-group")
+    );
+    run(host, "systemctl stop grouped");
+    assert_eq!(pids_of(host, "sleep 2000"), Vec::<String>::new());
+
+    run(host, "systemctl start keeper");
+    eventually(Duration::from_secs(5), "the keeper's child", || {
+        pids_of(host, "sleep 2000").len() == 1
+    });
+    let kept = pids_of(host, "sleep 2000");
+    let main = main_pid(host, "keeper");
+    run(host, "systemctl restart keeper");
+    assert_ne!(main_pid(host, "keeper"), main);
+    assert_eq!(code(host, &format!("kill -0 {main}")), 1);
+    let after_restart = pids_of(host, "sleep 2000");
+    assert!(after_restart.contains(&kept[0]), "{after_restart:?}");
+    run(host, "systemctl stop keeper");
+    assert!(pids_of(host, "sleep 2000").contains(&kept[0]));
+
+    // Resource limits: exactly as asked, or as close as the host allows.
+    install_unit(
+        host,
+        "limited.service",
+        "[Service]\nExecStart=/bin/sleep 1000\nLimitNOFILE=1234\nLimitNPROC=500:600\n",
+    );
+    install_unit(
+        host,
+        "unlimited.service",
+        "[Service]\nExecStart=/bin/sleep 1001\nLimitNOFILE=infinity\n",
+    );
+    run(host, "systemctl start limited unlimited");
+    let limits = |unit: &str, what: &str| {
+        let limits = run(host, &format!("cat /proc/{}/limits", main_pid(host, unit)));
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with(what))
+            .unwrap()
+            .to_owned();
+        line.split_whitespace()
+            .rev()
+            .skip(1)
+            .take(2)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(limits("limited", "Max open files"), "1234 1234");
+    assert_eq!(limits("limited", "Max processes"), "500 600");
+    let own = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let hard = own
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        limits("unlimited", "Max open files"),
+        format!("{hard} {hard}")
+    );
+
+    // Dependencies: starting a unit starts what it requires first; a stop or
+    // restart of the required unit reaches it; a missing one refuses.
+    install_unit(
+        host,
+        "base.service",
+        "[Service]\nExecStart=/bin/sleep 1002\n",
+    );
+    install_unit(
+        host,
+        "top.service",
+        "[Unit]\nRequires=base.service\nAfter=base.service network.target\n\
+         [Service]\nExecStart=/bin/sleep 1003\n",
+    );
+    install_unit(
+        host,
+        "orphan.service",
+        "[Unit]\nRequires=nowhere.service\n[Service]\nExecStart=/bin/sleep 1004\n",
+    );
+    run(host, "systemctl start top");
+    assert_eq!(run(host, "systemctl is-active base top"), "active\nactive");
+    let (base, top) = (main_pid(host, "base"), main_pid(host, "top"));
+    run(host, "systemctl restart base");
+    assert_ne!(main_pid(host, "base"), base);
+    assert_ne!(main_pid(host, "top"), top);
+    assert_eq!(run(host, "systemctl is-active top"), "active");
+    run(host, "systemctl stop base");
+    assert_eq!(
+        run(host, "systemctl is-active base top || true"),
+        "inactive\ninactive"
+    );
+    let refused = host.ssh("systemctl start orphan");
+    assert_eq!(refused.status.code(), Some(5));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("nowhere.service not found"));
+}
+
+#[test]
+fn hosts_have_their_own_cgroups_etc_and_a_route_through_the_machine() {
+    let hosts = TestHosts::start(2).unwrap();
+    let other_run = TestHosts::start(1).unwrap();
+    let (a, b) = (&hosts.hosts()[0], &hosts.hosts()[1]);
+    let c = &other_run.hosts()[0];
+
+    // The same cgroup path in every hierarchy, holding init and sshd.
+    let root = a.cgroup_root();
+    assert_eq!(root, format!("/kok-hosts/{}", a.name()));
+    let hierarchies: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("cgroup.procs").exists())
+        .collect();
+    assert!(!hierarchies.is_empty());
+    for hierarchy in &hierarchies {
+        let dir = hierarchy.join(root.trim_start_matches('/'));
+        assert!(dir.join("init.scope").is_dir(), "{}", dir.display());
+    }
+    let init = std::fs::read_to_string(format!("/proc/{}/cgroup", a.init_pid().unwrap())).unwrap();
+    assert!(
+        init.lines()
+            .all(|l| l.ends_with(&format!("{root}/init.scope"))),
+        "{init}"
+    );
+    // The host sees them too, and its CPUs.
+    assert!(run(a, "cat /proc/self/cgroup").contains(&format!("{root}/system.slice/ssh.service")));
+    assert_eq!(
+        run(a, "nproc"),
+        std::thread::available_parallelism().unwrap().to_string()
+    );
+
+    // A stopped host's cgroups are gone; a booted one has them again.
+    a.stop();
+    for hierarchy in &hierarchies {
+        assert!(!hierarchy.join(root.trim_start_matches('/')).exists());
+    }
+    a.start().unwrap();
+    assert!(run(a, "cat /proc/1/cgroup").contains(&format!("{root}/init.scope")));
+
+    // /etc is the machine's, with each host's own changes.
+    let marker = format!("kok-marker-{}", hosts.run_id());
+    run(a, &format!("echo on-a > /etc/{marker}"));
+    assert_eq!(run(a, &format!("cat /etc/{marker}")), "on-a");
+    assert_eq!(code(b, &format!("test -e /etc/{marker}")), 1);
+    assert!(!Path::new("/etc").join(&marker).exists());
+    assert_eq!(
+        run(a, "cat /etc/os-release"),
+        std::fs::read_to_string("/etc/os-release").unwrap().trim()
+    );
+    assert_eq!(run(a, "cat /etc/hostname"), a.name());
+    assert_ne!(run(a, "cat /etc/machine-id"), run(b, "cat /etc/machine-id"));
+    // Mounts are shared inside the host, as under systemd.
+    assert_eq!(run(a, "findmnt -n -o PROPAGATION /"), "shared");
+
+    // The default route leads to the machine, which forwards to its other
+    // bridges (here another run's) but nowhere off the machine.
+    assert_eq!(
+        run(a, "ip route show default"),
+        format!("default via {} dev eth0", hosts.gateway_ip())
+    );
+    run(
+        a,
+        &format!("timeout 5 bash -c 'echo > /dev/tcp/{}/22'", c.ip()),
+    );
+    run(
+        c,
+        &format!("timeout 5 bash -c 'echo > /dev/tcp/{}/22'", b.ip()),
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    // Asked of the machine's routing, not sent: addresses off the machine
+    // (the machine's own gateway, anything its default route leads to) are
+    // unreachable for packets from the hosts.
+    let default = Command::new("ip")
+        .args(["-4", "route", "show", "default"])
+        .output()
+        .unwrap();
+    let default = String::from_utf8_lossy(&default.stdout).into_owned();
+    let gateway = default
+        .split_whitespace()
+        .skip_while(|w| *w != "via")
+        .nth(1);
+    for off_machine in gateway.into_iter().chain(["198.51.100.7"]) {
+        let route = Command::new("ip")
+            .args(["route", "get", off_machine, "from", &a.ip().to_string()])
+            .args(["iif", &hosts.bridge()])
+            .output()
+            .unwrap();
+        assert!(!route.status.success(), "{off_machine}: {route:?}");
+        assert!(
+            String::from_utf8_lossy(&route.stderr).contains("unreachable"),
+            "{off_machine}: {route:?}"
+        );
+    }
+    let to_other_run = Command::new("ip")
+        .args([
+            "route",
+            "get",
+            &c.ip().to_string(),
+            "from",
+            &a.ip().to_string(),
+        ])
+        .args(["iif", &hosts.bridge()])
+        .output()
+        .unwrap();
+    assert!(to_other_run.status.success(), "{to_other_run:?}");
+}
+
 #[test]
 fn artifact_server_serves_files_to_hosts() {
     let hosts = TestHosts::start(1).unwrap();
@@ -387,6 +639,34 @@ fn interfaces_of(run_id: &str) -> Vec<String> {
         .collect()
 }
 
+/// The hierarchies holding a cgroup of a host of `run_id`.
+fn cgroups_of(run_id: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let parent = hierarchy.path().join("kok-hosts");
+        for host in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            if host
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("kt{run_id}-"))
+            {
+                found.push(host.path().display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Policy-routing rules naming the bridge of `run_id`.
+fn rules_of(run_id: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["rule", "show"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("kt{run_id}br")))
+        .map(str::to_owned)
+        .collect()
+}
+
 fn assert_nothing_left(run_id: &str, namespaces: &[String], after_kill: bool) {
     eventually(
         Duration::from_secs(10),
@@ -399,6 +679,8 @@ fn assert_nothing_left(run_id: &str, namespaces: &[String], after_kill: bool) {
         clean_stale_runs().unwrap();
     }
     assert_eq!(interfaces_of(run_id), Vec::<String>::new());
+    assert_eq!(cgroups_of(run_id), Vec::<String>::new());
+    assert_eq!(rules_of(run_id), Vec::<String>::new());
     assert!(!Path::new("/run/kok-testenv").join(run_id).exists());
 }
 
@@ -419,6 +701,8 @@ fn dropping_the_hosts_leaves_nothing_behind() {
     let processes = processes_in(&namespaces);
     assert_eq!(processes.len(), 2 * 3 + 1, "{processes:?}");
     assert_eq!(interfaces_of(&run_id).len(), 3);
+    assert!(rules_of(&run_id).len() >= 2);
+    assert!(!cgroups_of(&run_id).is_empty());
 
     drop(hosts);
     assert_eq!(processes_in(&namespaces), Vec::<String>::new());
@@ -486,6 +770,7 @@ fn a_dying_test_process_leaves_nothing_behind() {
             .flat_map(|pid| namespaces_of(pid.parse().unwrap()))
             .collect();
         assert_eq!(namespaces.len(), 6, "{line}");
+        assert!(!cgroups_of(&run_id).is_empty());
         if how == "kill" {
             child.kill().unwrap();
         } else {

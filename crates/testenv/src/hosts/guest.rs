@@ -8,6 +8,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use serde::{Deserialize, Serialize};
@@ -30,10 +31,12 @@ const LOG_DIR: &str = "/run/kok-systemd/log";
 /// Unit files, as on a systemd host; the other unit directories hold the
 /// machine's own units, which a test host must not see.
 const UNIT_DIR: &str = "/etc/systemd/system";
-/// The exit statuses systemd reports when a unit's working directory or
-/// program was unusable.
+/// The exit statuses systemd reports when a unit's working directory,
+/// program, resource limits or cgroup were unusable.
 const EXIT_CHDIR: u8 = 200;
 const EXIT_EXEC: u8 = 203;
+const EXIT_LIMITS: u8 = 205;
+const EXIT_CGROUP: u8 = 219;
 
 /// A `systemctl` or `journalctl` invocation sent to the service manager.
 #[derive(Debug, Serialize, Deserialize)]
@@ -76,26 +79,59 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// `exec UNIT WORKDIR PROGRAM ARGV0 ARGS...`: becomes a service process.
+/// How a service process is set up before it runs its program: the first
+/// argument of `kok-testhost exec`, as JSON.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ExecSpec {
+    unit: String,
+    workdir: PathBuf,
+    /// The cgroup to move into (every hierarchy), when the host has them.
+    cgroup: Option<String>,
+    limits: Vec<unit_file::Limit>,
+}
+
+/// `exec SPEC PROGRAM ARGV0 ARGS...`: becomes a service process.
 /// Every process the service manager starts goes through here rather than
-/// being exec'd directly, for two reasons: it puts the service in a process
-/// group of its own (so stopping it reaches its children), and a program
-/// that cannot be run becomes an exit status (200 or 203, as under systemd)
-/// instead of a spawn error, which would race with the manager reaping the
-/// child.
+/// being exec'd directly, for three reasons: it puts the service in a process
+/// group and a cgroup of its own (so stopping it reaches its children), it
+/// applies the unit's resource limits, and a program that cannot be run
+/// becomes an exit status (200, 203, 205 or 219, as under systemd) instead
+/// of a spawn error, which would race with the manager reaping the child.
 fn exec_service(args: &[OsString]) -> ExitCode {
-    let [unit, workdir, program, argv0, rest @ ..] = args else {
-        eprintln!("kok-testhost exec: expected UNIT WORKDIR PROGRAM ARGV0 ARGS...");
+    let [spec, program, argv0, rest @ ..] = args else {
+        eprintln!("kok-testhost exec: expected SPEC PROGRAM ARGV0 ARGS...");
         return ExitCode::from(EXIT_EXEC);
     };
-    let unit = unit.to_string_lossy();
+    let spec: ExecSpec = match serde_json::from_str(&spec.to_string_lossy()) {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("kok-testhost exec: bad SPEC: {e}");
+            return ExitCode::from(EXIT_EXEC);
+        }
+    };
+    let unit = &spec.unit;
     if let Err(e) = crate::sys::new_session() {
         eprintln!("{unit}: setsid: {e}");
     }
-    if let Err(e) = std::env::set_current_dir(workdir) {
+    if let Some(cgroup) = &spec.cgroup
+        && let Err(e) = super::cgroups::join(cgroup)
+    {
+        eprintln!("{unit}: Failed to attach to cgroup {cgroup}: {e}");
+        return ExitCode::from(EXIT_CGROUP);
+    }
+    for limit in &spec.limits {
+        if let Err(e) = apply_limit(unit, limit) {
+            eprintln!(
+                "{unit}: Failed to adjust resource limit Limit{}=: {e}",
+                limit.resource
+            );
+            return ExitCode::from(EXIT_LIMITS);
+        }
+    }
+    if let Err(e) = std::env::set_current_dir(&spec.workdir) {
         eprintln!(
             "{unit}: Changing to the requested working directory failed: {}: {e}",
-            workdir.to_string_lossy()
+            spec.workdir.display()
         );
         return ExitCode::from(EXIT_CHDIR);
     }
@@ -105,4 +141,44 @@ fn exec_service(args: &[OsString]) -> ExitCode {
         program.to_string_lossy()
     );
     ExitCode::from(EXIT_EXEC)
+}
+
+/// Sets one resource limit as systemd does (its `setrlimit_closest`): when
+/// the hard limit cannot be raised that far (root without
+/// `CAP_SYS_RESOURCE`, as on hosts that are containers themselves), as
+/// close as allowed. `infinity` for `NOFILE` is the kernel's `fs.nr_open`,
+/// the most it accepts.
+fn apply_limit(unit: &str, limit: &unit_file::Limit) -> std::io::Result<()> {
+    let Some(&(_, resource)) = unit_file::LIMITS
+        .iter()
+        .find(|(name, _)| *name == limit.resource)
+    else {
+        return Err(std::io::Error::other("unknown resource"));
+    };
+    let infinity = if limit.resource == "NOFILE" {
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(1 << 20)
+    } else {
+        libc::RLIM_INFINITY
+    };
+    let soft = limit.soft.unwrap_or(infinity);
+    let hard = limit.hard.unwrap_or(infinity);
+    match crate::sys::setrlimit(resource, soft, hard) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let (_, highest) = crate::sys::getrlimit(resource)?;
+            if highest == libc::RLIM_INFINITY {
+                return Err(e);
+            }
+            let (soft, hard) = (soft.min(highest), hard.min(highest));
+            eprintln!(
+                "{unit}: Limit{}=: the hard limit cannot be raised above {highest} here; \
+                 set to {soft}:{hard}",
+                limit.resource
+            );
+            crate::sys::setrlimit(resource, soft, hard)
+        }
+        other => other,
+    }
 }

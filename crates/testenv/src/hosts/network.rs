@@ -1,6 +1,14 @@
 //! The machine's side of the test hosts' network: one bridge per run holding
 //! a /24 nobody else on the machine uses, and one veth pair per host whose
 //! inner end is the host's `eth0`.
+//!
+//! Hosts have their default route via the bridge's address, and the machine
+//! forwards IPv4 (`net.ipv4.ip_forward=1`) between the bridge and its other
+//! networks: the Pod runner's bridge, other runs' bridges, addresses of its
+//! own. Nothing a host sends leaves the machine: policy-routing rules per
+//! bridge let packets arriving on it use every route of the main table but
+//! the default one and those to the networks the default route leads
+//! through, and answer the rest with "network unreachable".
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::Command;
@@ -145,8 +153,110 @@ pub fn run_id_of_interface(name: &str) -> Option<&str> {
     (ours && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
 }
 
+/// Priorities of a bridge's policy-routing rules: the machine's external
+/// networks unreachable, then any route of the main table but its default
+/// route, else unreachable.
+const RULE_EXTERNAL: u32 = 999;
+const RULE_ROUTES: u32 = 1000;
+const RULE_UNREACHABLE: u32 = 1001;
+/// At most this many external networks are fenced off per bridge.
+const MAX_EXTERNAL: usize = 16;
+
+fn rules(bridge: &str, external: &[String]) -> String {
+    let mut batch: String = external
+        .iter()
+        .take(MAX_EXTERNAL)
+        .map(|net| format!("rule add priority {RULE_EXTERNAL} iif {bridge} to {net} unreachable\n"))
+        .collect();
+    batch.push_str(&format!(
+        "rule add priority {RULE_ROUTES} iif {bridge} lookup main suppress_prefixlength 0\n\
+         rule add priority {RULE_UNREACHABLE} iif {bridge} unreachable\n"
+    ));
+    batch
+}
+
+/// The networks of the interfaces the machine's default routes go through
+/// (its LAN): as much "off the machine" as the default route itself.
+fn external_networks() -> Result<Vec<String>, Error> {
+    let routes = ip_output(&["-4", "route", "show", "default"])?;
+    let devices: Vec<&str> = routes
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "dev")?;
+            words.next()
+        })
+        .collect();
+    let mut networks = Vec::new();
+    for device in devices {
+        let addrs = ip_output(&["-o", "-4", "addr", "show", "dev", device])?;
+        for prefix in addrs.lines().filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet")?;
+            Prefix::parse(words.next()?)
+        }) {
+            let network = Ipv4Addr::from(prefix.addr & Prefix::mask(prefix.len));
+            networks.push(format!("{network}/{}", prefix.len));
+        }
+    }
+    networks.sort();
+    networks.dedup();
+    Ok(networks)
+}
+
+/// Removes the policy-routing rules of `bridges`, ignoring those gone.
+pub fn delete_rules(bridges: &[String]) -> Result<(), Error> {
+    if bridges.is_empty() {
+        return Ok(());
+    }
+    let mut batch = String::new();
+    for bridge in bridges {
+        for _ in 0..MAX_EXTERNAL {
+            batch.push_str(&format!("rule del priority {RULE_EXTERNAL} iif {bridge}\n"));
+        }
+        for priority in [RULE_ROUTES, RULE_UNREACHABLE] {
+            batch.push_str(&format!("rule del priority {priority} iif {bridge}\n"));
+        }
+    }
+    ip_batch(&batch, true)
+}
+
+/// The bridges (by name, which may be gone) that have rules of ours.
+pub fn bridges_with_rules() -> Result<Vec<String>, Error> {
+    let out = ip_output(&["-4", "rule", "show"])?;
+    let mut found: Vec<String> = out
+        .lines()
+        .filter(|line| {
+            line.split(':').next().is_some_and(|p| {
+                [RULE_EXTERNAL, RULE_ROUTES, RULE_UNREACHABLE]
+                    .iter()
+                    .any(|r| p.trim() == r.to_string())
+            })
+        })
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "iif")?;
+            words.next().map(str::to_owned)
+        })
+        .collect();
+    found.sort();
+    found.dedup();
+    Ok(found)
+}
+
+/// Turns on IPv4 forwarding on the machine, which stays on: other runs and
+/// the Pod runner may rely on it by then.
+fn enable_forwarding() -> Result<(), Error> {
+    let path = "/proc/sys/net/ipv4/ip_forward";
+    if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+        return Ok(());
+    }
+    std::fs::write(path, "1").map_err(Error::io(path))
+}
+
 pub fn create_bridge(run_id: &str, subnet: Subnet) -> Result<(), Error> {
     let bridge = bridge_name(run_id);
+    enable_forwarding()?;
     // Hosts talk IPv4 only; without IPv6 the bridge sends no router
     // solicitations or MLD reports.
     ip_batch(
@@ -159,6 +269,7 @@ pub fn create_bridge(run_id: &str, subnet: Subnet) -> Result<(), Error> {
         false,
     )?;
     disable_ipv6(&bridge);
+    ip_batch(&rules(&bridge, &external_networks()?), false)?;
     ip_batch(&format!("link set {bridge} up\n"), false)
 }
 

@@ -10,6 +10,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
+use super::cgroups;
 use super::error::Error;
 use super::network::{self, Subnet};
 use crate::sys::{self, FileLock};
@@ -114,13 +117,27 @@ pub fn clean_stale() -> Result<Vec<String>, Error> {
         remove_tree(&dir)?;
         cleaned.push(id);
     }
+    let dead = |name: &str| {
+        network::run_id_of_interface(name).is_some_and(|id| !live.iter().any(|l| l == id))
+    };
     let leftovers: Vec<String> = network::link_names()?
         .into_iter()
-        .filter(|name| {
-            network::run_id_of_interface(name).is_some_and(|id| !live.iter().any(|l| l == id))
-        })
+        .filter(|name| dead(name))
         .collect();
     network::delete_links(&leftovers)?;
+    let rules: Vec<String> = network::bridges_with_rules()?
+        .into_iter()
+        .filter(|name| dead(name))
+        .collect();
+    network::delete_rules(&rules)?;
+    // Host names are `kt<run id>-<index>`, as interface names start.
+    for host in cgroups::host_names() {
+        let run = host.strip_prefix("kt").and_then(|r| r.split_once('-'));
+        if run.is_some_and(|(id, _)| !live.iter().any(|l| l == id)) {
+            cgroups::remove(&cgroups::host_root(&host), Duration::from_secs(10))
+                .map_err(Error::io(cgroups::PARENT))?;
+        }
+    }
     Ok(cleaned)
 }
 

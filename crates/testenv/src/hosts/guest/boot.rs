@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::manager::Manager;
 use super::{LOG_DIR, STATE_MOUNT};
 use crate::hosts::error::Error;
-use crate::hosts::{network, sys, tools};
+use crate::hosts::{cgroups, network, sys, tools};
 
 /// Everything a host needs to know to boot, passed as JSON on the command line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -38,18 +38,26 @@ pub struct BootConfig {
     pub private_dirs: Vec<PathBuf>,
     pub address: Ipv4Addr,
     pub prefix_len: u8,
+    /// The machine's address on the bridge: the host's default gateway.
+    pub gateway: Ipv4Addr,
+    /// The host's cgroup root (the same path in every hierarchy), which the
+    /// machine created; init moves into `<root>/init.scope`.
+    pub cgroup_root: Option<String>,
 }
 
 /// Directories every host gets fresh and empty at each boot, as a machine's
 /// volatile directories are, and so that nothing a host writes there reaches
-/// the machine. `/usr/local/sbin` holds the host's `systemctl`.
-const VOLATILE_DIRS: [(&str, &str); 5] = [
+/// the machine.
+const VOLATILE_DIRS: [(&str, &str); 4] = [
     ("/run", "mode=755"),
     ("/tmp", "mode=1777"),
     ("/var/log", "mode=755"),
     ("/root", "mode=700"),
-    ("/usr/local/sbin", "mode=755"),
 ];
+
+/// Where the host's `systemctl` and `journalctl` go: first on `PATH`. One of
+/// the host's private directories, so it is put there again at each boot.
+const TOOL_DIR: &str = "/usr/local/sbin";
 
 /// Tools the host's service manager answers for.
 const TOOLS: [&str; 2] = ["systemctl", "journalctl"];
@@ -196,6 +204,14 @@ fn run(
     mut control_in: File,
     control_out: &mut File,
 ) -> Result<Infallible, Error> {
+    // First, so that every process of the host starts inside its cgroups.
+    if let Some(root) = &config.cgroup_root {
+        let scope = cgroups::init_scope(root);
+        cgroups::join(&scope).map_err(|source| Error::HostSetup {
+            step: format!("move init into the cgroup {scope}"),
+            source,
+        })?;
+    }
     set_up_filesystem(config)?;
     sys::sethostname(&config.hostname).map_err(|source| Error::HostSetup {
         step: format!("set the hostname to {}", config.hostname),
@@ -213,7 +229,7 @@ fn run(
     }
     configure_network(config)?;
 
-    let manager = Manager::launch(sshd_command())?;
+    let manager = Manager::launch(sshd_command(), config.cgroup_root.clone())?;
     manager.start_enabled_units();
     wait_for_sshd(config)?;
     writeln!(control_out, "up").map_err(Error::io("control pipe"))?;
@@ -252,8 +268,15 @@ fn set_up_filesystem(config: &BootConfig) -> Result<(), Error> {
     let exe = open_path(&exe_name)?;
     let state_path = fd_path(&state);
     let exe_path = fd_path(&exe);
+    // The machine's cgroup hierarchies, which the host's own /sys would hide.
+    let cgroup_tree = open_path(Path::new("/sys/fs/cgroup")).ok();
+
+    overlay_etc(config)?;
 
     for (dir, options) in VOLATILE_DIRS {
+        // The machine's mounts below it would only be hidden, and would keep
+        // what they hold alive (network namespaces under /run/netns).
+        detach_mounts_below(Path::new(dir));
         sys::mount(
             Some(Path::new("tmpfs")),
             Path::new(dir),
@@ -286,7 +309,7 @@ fn set_up_filesystem(config: &BootConfig) -> Result<(), Error> {
 
     for tool in TOOLS {
         // First on PATH, so that a host without systemd installed has one...
-        let link = PathBuf::from("/usr/local/sbin").join(tool);
+        let link = PathBuf::from(TOOL_DIR).join(tool);
         fs::write(&link, "").map_err(Error::io(&link))?;
         fs::set_permissions(&link, fs::Permissions::from_mode(0o755)).map_err(Error::io(&link))?;
         // ...and over the real one, for callers that use its full path.
@@ -307,20 +330,96 @@ fn set_up_filesystem(config: &BootConfig) -> Result<(), Error> {
         None,
     )
     .map_err(setup("mount /proc for the host's PID namespace".into()))?;
-    // Nice to have (`ls /sys/class/net`); nothing depends on it.
-    let _ = sys::mount(
+    // The host's own network interfaces in /sys/class/net (the kubelet's
+    // cAdvisor reads them), with the machine's cgroup hierarchies on top.
+    let own_sys = sys::mount(
         Some(Path::new("sysfs")),
         Path::new("/sys"),
         Some("sysfs"),
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
         None,
     );
+    if let (Ok(()), Some(tree)) = (own_sys, &cgroup_tree) {
+        sys::mount(
+            Some(&fd_path(tree)),
+            Path::new("/sys/fs/cgroup"),
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(setup(
+            "bind-mount the cgroup hierarchies on /sys/fs/cgroup".into(),
+        ))?;
+    }
     // The bridge is IPv4 only; without IPv6 the host sends no router
     // solicitations and `ip addr` shows only its own address.
     for which in ["default", "all"] {
         let _ = fs::write(format!("/proc/sys/net/ipv6/conf/{which}/disable_ipv6"), "1");
     }
+    // As systemd leaves a machine: mounts the kubelet makes (volumes) reach
+    // containers that ask for them. The peer groups are the host's own: the
+    // tree was made private first.
+    sys::make_mounts_shared().map_err(setup(
+        "make the host's mount tree shared (mount --make-rshared /)".into(),
+    ))?;
     Ok(())
+}
+
+/// `/etc` as the machine's with the host's own changes on top (an overlay
+/// whose upper layer is in the host's state directory, kept across boots):
+/// packages write files such as `/etc/crictl.yaml` straight into `/etc`,
+/// which must not reach the machine or other hosts. The host also gets its
+/// own `/etc/hostname` and, at first boot, its own `/etc/machine-id`.
+fn overlay_etc(config: &BootConfig) -> Result<(), Error> {
+    let upper = config.state_dir.join("etc").join("upper");
+    let work = config.state_dir.join("etc").join("work");
+    for dir in [&upper, &work] {
+        fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    }
+    let options = format!(
+        "lowerdir=/etc,upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    sys::mount(
+        Some(Path::new("overlay")),
+        Path::new("/etc"),
+        Some("overlay"),
+        0,
+        Some(&options),
+    )
+    .map_err(|source| Error::HostSetup {
+        step: format!("mount an overlay on /etc ({options})"),
+        source,
+    })?;
+    let hostname = Path::new("/etc/hostname");
+    fs::write(hostname, format!("{}\n", config.hostname)).map_err(Error::io(hostname))?;
+    if !upper.join("machine-id").exists() {
+        let id = format!("{:016x}{:016x}", sys::random_u64(), sys::random_u64());
+        let path = Path::new("/etc/machine-id");
+        // A file the machine has as a link (to /var/lib/dbus) is replaced.
+        let _ = fs::remove_file(path);
+        fs::write(path, format!("{id}\n")).map_err(Error::io(path))?;
+    }
+    Ok(())
+}
+
+/// Unmounts every mount below `dir` (not `dir` itself), deepest first.
+fn detach_mounts_below(dir: &Path) {
+    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut below: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
+    below.sort();
+    below.dedup();
+    for mount_point in below.iter().rev() {
+        let _ = sys::unmount_detach(mount_point);
+    }
 }
 
 fn open_path(path: &Path) -> Result<File, Error> {
@@ -391,12 +490,13 @@ fn sshd_command() -> Vec<String> {
 }
 
 fn configure_network(config: &BootConfig) -> Result<(), Error> {
-    // No default route: hosts reach the machine (the bridge's address) and
-    // each other, nothing else.
+    // The default route leads to the machine, which forwards to its other
+    // bridges (the Pod runner's) and nowhere else (see network.rs).
     network::ip_batch(
         &format!(
-            "link set lo up\naddr add {}/{} dev eth0\nlink set eth0 up\n",
-            config.address, config.prefix_len
+            "link set lo up\naddr add {}/{} dev eth0\nlink set eth0 up\n\
+             route add default via {}\n",
+            config.address, config.prefix_len, config.gateway
         ),
         false,
     )

@@ -462,7 +462,36 @@ fn show(manager: &Manager, name: &str, args: &Args, out: &mut Output) {
             unit_file_state(name).unwrap_or("").to_owned(),
         ),
         ("FragmentPath", fragment.display().to_string()),
+        (
+            "ControlGroup",
+            manager.unit_cgroup(name).unwrap_or_default(),
+        ),
     ];
+    let file = unit
+        .loaded
+        .as_ref()
+        .map(|l| l.file.clone())
+        .unwrap_or_default();
+    let nofile = file.limits.iter().find(|l| l.resource == "NOFILE");
+    let limit = |v: Option<u64>| v.map_or("infinity".to_owned(), |v| v.to_string());
+    let properties = properties.into_iter().chain([
+        ("KillMode", file.kill_mode.name().to_owned()),
+        (
+            "Delegate",
+            if file.delegate { "yes" } else { "no" }.to_owned(),
+        ),
+        ("Requires", file.requires.join(" ")),
+        ("Wants", file.wants.join(" ")),
+        ("After", file.after.join(" ")),
+        (
+            "LimitNOFILE",
+            nofile.map(|l| limit(l.hard)).unwrap_or_default(),
+        ),
+        (
+            "LimitNOFILESoft",
+            nofile.map(|l| limit(l.soft)).unwrap_or_default(),
+        ),
+    ]);
     for (key, value) in properties {
         if !args.properties.is_empty() && !args.properties.iter().any(|p| p == key) {
             continue;

@@ -17,8 +17,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::unit_file::{self, ExecLine, Restart, ServiceType, UnitFile};
-use super::{LOG_DIR, Request, Response, SOCKET, UNIT_DIR};
+use super::unit_file::{self, ExecLine, KillMode, Restart, ServiceType, UnitFile};
+use super::{ExecSpec, LOG_DIR, Request, Response, SOCKET, UNIT_DIR};
+use crate::hosts::cgroups;
 use crate::hosts::error::Error;
 use crate::hosts::sys;
 
@@ -31,6 +32,8 @@ const START_LIMIT_BURST: usize = 5;
 const START_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a stop waits after SIGKILL before giving up on the process.
 const KILL_WAIT: Duration = Duration::from_secs(10);
+/// The unit sshd's processes are accounted to, as on a Debian machine.
+const SSHD_UNIT: &str = "ssh.service";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Active {
@@ -184,16 +187,20 @@ pub struct Manager {
     /// One job at a time, as systemd's job queue would mostly have it.
     jobs: Mutex<()>,
     sshd: Vec<String>,
+    /// The host's cgroup root; each unit's processes go to
+    /// `<root>/system.slice/<unit>`. `None`: no cgroups, process groups only.
+    cgroup_root: Option<String>,
 }
 
 impl Manager {
     /// Starts reaping, sshd and the `systemctl` socket.
-    pub fn launch(sshd: Vec<String>) -> Result<Arc<Manager>, Error> {
+    pub fn launch(sshd: Vec<String>, cgroup_root: Option<String>) -> Result<Arc<Manager>, Error> {
         let manager = Arc::new(Manager {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             jobs: Mutex::new(()),
             sshd,
+            cgroup_root,
         });
         let socket_dir = Path::new(SOCKET).parent().unwrap_or(Path::new("/run"));
         fs::create_dir_all(socket_dir).map_err(Error::io(socket_dir))?;
@@ -232,9 +239,10 @@ impl Manager {
         self.changed.wait(state).unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts what `systemctl enable` linked into a target, as at boot.
+    /// Starts what `systemctl enable` linked into a target, as at boot, in
+    /// the order their `After=` and `Before=` ask for.
     pub fn start_enabled_units(self: &Arc<Self>) {
-        for name in enabled_units() {
+        for name in boot_order(enabled_units()) {
             if let Err(e) = self.start(&name) {
                 eprintln!("kok-testhost init: starting {name} at boot: {}", e.message);
             }
@@ -251,10 +259,17 @@ impl Manager {
         self.stop_locked(name)
     }
 
+    /// Restarts `name`, and with it the active units that require it
+    /// (`Requires=`, `BindsTo=`), as systemd propagates a restart.
     pub fn restart(self: &Arc<Self>, name: &str) -> Result<(), JobError> {
         let _job = self.job();
+        let dependents = self.active_dependents(name);
         self.stop_locked(name)?;
-        self.start_locked(name)
+        self.start_locked(name)?;
+        for dependent in dependents.iter().rev() {
+            self.start_locked(dependent)?;
+        }
+        Ok(())
     }
 
     /// Re-reads every loaded unit's files. Units whose file is gone are
@@ -271,12 +286,14 @@ impl Manager {
         });
     }
 
-    /// `systemctl kill`: signals the unit's processes.
+    /// `systemctl kill`: signals the unit's processes, all of them as
+    /// `--kill-whom=all` (the default) does.
     pub fn kill(&self, name: &str, signal: libc::c_int) -> Result<(), JobError> {
         let state = self.lock();
         match state.main_pid(name) {
             Some(pid) => {
                 signal_service(pid, signal);
+                self.signal_cgroup(name, signal);
                 Ok(())
             }
             None => Err(JobError::new(
@@ -296,6 +313,73 @@ impl Manager {
     }
 
     fn start_locked(self: &Arc<Self>, name: &str) -> Result<(), JobError> {
+        self.start_with_dependencies(name, &mut Vec::new())
+    }
+
+    /// Starts what `name` requires and wants first (`chain`: the units
+    /// whose start led here, so a cycle ends), then `name`. A required unit
+    /// that is missing fails the start; one that fails to start fails it
+    /// when `name` is ordered after it, as under systemd.
+    fn start_with_dependencies(
+        self: &Arc<Self>,
+        name: &str,
+        chain: &mut Vec<String>,
+    ) -> Result<(), JobError> {
+        if chain.iter().any(|c| c == name) {
+            return Ok(());
+        }
+        let dependencies = {
+            let mut state = self.lock();
+            match state.load(name) {
+                Ok(unit) => unit.loaded.as_ref().map(|l| {
+                    (
+                        l.file.requires.clone(),
+                        l.file.wants.clone(),
+                        l.file.after.clone(),
+                    )
+                }),
+                Err(_) => None,
+            }
+        };
+        if let Some((requires, wants, after)) = dependencies {
+            chain.push(name.to_owned());
+            let mut failed = None;
+            for dependency in requires.iter().filter(|d| is_service(d)) {
+                if matches!(read_unit(dependency), Ok(None)) {
+                    failed = Some(JobError::new(
+                        5,
+                        format!("Failed to start {name}: Unit {dependency} not found."),
+                    ));
+                    break;
+                }
+                if self.start_with_dependencies(dependency, chain).is_err()
+                    && after.contains(dependency)
+                {
+                    failed = Some(JobError::new(
+                        1,
+                        format!(
+                            "A dependency job for {name} failed. See 'journalctl -xe' for details."
+                        ),
+                    ));
+                    break;
+                }
+            }
+            if failed.is_none() {
+                for dependency in wants.iter().filter(|d| is_service(d)) {
+                    if matches!(read_unit(dependency), Ok(Some(_))) {
+                        let _ = self.start_with_dependencies(dependency, chain);
+                    }
+                }
+            }
+            chain.pop();
+            if let Some(error) = failed {
+                return Err(error);
+            }
+        }
+        self.start_unit(name)
+    }
+
+    fn start_unit(self: &Arc<Self>, name: &str) -> Result<(), JobError> {
         let file = {
             let mut state = self.lock();
             let unit = state.load(name).map_err(|e| match e {
@@ -400,7 +484,47 @@ impl Manager {
         }
     }
 
+    /// Stops `name`, after the active units that require it (`Requires=`,
+    /// `BindsTo=`), as systemd propagates a stop.
     fn stop_locked(&self, name: &str) -> Result<(), JobError> {
+        for dependent in self.active_dependents(name) {
+            self.stop_unit(&dependent)?;
+        }
+        self.stop_unit(name)
+    }
+
+    /// Active units that require `name`, directly or through others; those
+    /// further away first, the order to stop them in.
+    fn active_dependents(&self, name: &str) -> Vec<String> {
+        let state = self.lock();
+        let requires = |unit: &Unit, of: &str| {
+            unit.loaded
+                .as_ref()
+                .is_some_and(|l| l.file.requires.iter().any(|r| r == of))
+        };
+        let mut found: Vec<String> = Vec::new();
+        fn visit(
+            state: &State,
+            of: &str,
+            found: &mut Vec<String>,
+            requires: &dyn Fn(&Unit, &str) -> bool,
+        ) {
+            for (other, unit) in &state.units {
+                let active = !matches!(unit.active, Active::Inactive | Active::Failed);
+                if active && requires(unit, of) && !found.contains(other) {
+                    found.push(other.clone());
+                    visit(state, other, found, requires);
+                }
+            }
+        }
+        visit(&state, name, &mut found, &requires);
+        found.retain(|n| n != name);
+        // Discovery order is nearest first; stop the furthest first.
+        found.reverse();
+        found
+    }
+
+    fn stop_unit(&self, name: &str) -> Result<(), JobError> {
         let mut state = self.lock();
         let Some(unit) = state.units.get_mut(name) else {
             return match read_unit(name) {
@@ -412,25 +536,32 @@ impl Manager {
             };
         };
         unit.generation += 1;
+        let (timeout, kill_mode) = unit
+            .loaded
+            .as_ref()
+            .map_or((Duration::from_secs(90), KillMode::ControlGroup), |l| {
+                (l.file.timeout_stop, l.file.kill_mode)
+            });
         let Some(pid) = unit.main_pid else {
             if unit.active != Active::Failed {
                 unit.set(Active::Inactive, "success");
             }
+            drop(state);
+            // What a oneshot or an ended main process left behind.
+            if kill_mode != KillMode::Process {
+                self.signal_cgroup(name, libc::SIGKILL);
+            }
             return Ok(());
         };
-        let timeout = unit
-            .loaded
-            .as_ref()
-            .map_or(Duration::from_secs(90), |l| l.file.timeout_stop);
         unit.stopping = true;
-        signal_service(pid, libc::SIGTERM);
+        self.signal_for_stop(name, pid, kill_mode, libc::SIGTERM);
         let still_running = |s: &mut State| s.main_pid(name) == Some(pid);
         let (mut state, _) = self
             .changed
             .wait_timeout_while(state, timeout, still_running)
             .unwrap_or_else(|p| p.into_inner());
         if still_running(&mut state) {
-            signal_service(pid, libc::SIGKILL);
+            self.signal_for_stop(name, pid, kill_mode, libc::SIGKILL);
             state = self
                 .changed
                 .wait_timeout_while(state, KILL_WAIT, still_running)
@@ -444,6 +575,47 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// The signal a stop sends: to the main process only with
+    /// `KillMode=process` and `mixed` (whose other processes get SIGKILL
+    /// once the main one is gone), to every process of the unit otherwise.
+    fn signal_for_stop(&self, name: &str, pid: i32, mode: KillMode, signal: libc::c_int) {
+        match mode {
+            KillMode::ControlGroup => {
+                signal_service(pid, signal);
+                self.signal_cgroup(name, signal);
+            }
+            KillMode::Mixed | KillMode::Process => {
+                let _ = sys::kill(pid, signal);
+            }
+        }
+    }
+
+    /// The unit's cgroup, when the host has cgroups.
+    pub fn unit_cgroup(&self, name: &str) -> Option<String> {
+        self.cgroup_root
+            .as_ref()
+            .map(|root| cgroups::unit_cgroup(root, name))
+    }
+
+    /// Signals every process in the unit's cgroup (none without cgroups).
+    fn signal_cgroup(&self, name: &str, signal: libc::c_int) {
+        let Some(cgroup) = self.unit_cgroup(name) else {
+            return;
+        };
+        for pid in cgroups::processes(&cgroup) {
+            let _ = sys::kill(pid, signal);
+        }
+    }
+
+    fn exec_spec(&self, unit: &str, workdir: &Path, file: Option<&UnitFile>) -> ExecSpec {
+        ExecSpec {
+            unit: unit.to_owned(),
+            workdir: workdir.to_owned(),
+            cgroup: self.unit_cgroup(unit),
+            limits: file.map(|f| f.limits.clone()).unwrap_or_default(),
+        }
     }
 
     /// Starts one of a unit's processes. The caller holds the state lock and
@@ -462,7 +634,8 @@ impl Manager {
             .clone()
             .unwrap_or_else(|| PathBuf::from("/"));
         let log = open_log(name).map_err(|e| JobError::new(1, e))?;
-        let mut command = exec_command(name, &workdir, &program, &argv);
+        let spec = self.exec_spec(name, &workdir, Some(file));
+        let mut command = exec_command(&spec, &program, &argv);
         command.env_clear().envs(env);
         spawn_logged(command, log)
             .map_err(|e| JobError::new(1, format!("Failed to start {name}: {e}")))
@@ -493,7 +666,8 @@ impl Manager {
         };
         let mut argv = vec![program.clone()];
         argv.extend(args.iter().cloned());
-        let mut command = exec_command("sshd", Path::new("/"), program, &argv);
+        let spec = self.exec_spec(SSHD_UNIT, Path::new("/"), None);
+        let mut command = exec_command(&spec, program, &argv);
         command
             .env_clear()
             .env("PATH", DEFAULT_PATH)
@@ -551,8 +725,16 @@ impl Manager {
     fn main_process_exited(self: &Arc<Self>, name: String, unit: &mut Unit, pid: i32, status: i32) {
         unit.main_pid = None;
         unit.last_exit = Some(status);
-        // Whatever the main process left behind in its group goes with it.
-        let _ = sys::kill(-pid, libc::SIGKILL);
+        // Whatever the main process left behind in its group and cgroup goes
+        // with it, unless the unit keeps them (`KillMode=process`).
+        let kill_mode = unit
+            .loaded
+            .as_ref()
+            .map_or(KillMode::ControlGroup, |l| l.file.kill_mode);
+        if kill_mode != KillMode::Process {
+            let _ = sys::kill(-pid, libc::SIGKILL);
+            self.signal_cgroup(&name, libc::SIGKILL);
+        }
         if unit.stopping {
             unit.set(Active::Inactive, "success");
             return;
@@ -667,14 +849,13 @@ fn detach(what: &str, work: impl FnOnce() + Send + 'static) {
     }
 }
 
-/// `kok-testhost exec UNIT WORKDIR PROGRAM ARGV0 ARGS...` through this binary.
-fn exec_command(unit: &str, workdir: &Path, program: &str, argv: &[String]) -> Command {
+/// `kok-testhost exec SPEC PROGRAM ARGV0 ARGS...` through this binary.
+fn exec_command(spec: &ExecSpec, program: &str, argv: &[String]) -> Command {
     let argv0 = argv.first().map_or(program, String::as_str);
     let mut command = Command::new("/proc/self/exe");
     command
         .arg("exec")
-        .arg(unit)
-        .arg(workdir)
+        .arg(serde_json::to_string(spec).unwrap_or_default())
         .arg(program)
         .arg(argv0)
         .args(argv.iter().skip(1));
@@ -719,6 +900,8 @@ pub fn describe(status: i32) -> String {
             0 => "SUCCESS",
             200 => "CHDIR",
             203 => "EXEC",
+            205 => "LIMITS",
+            219 => "CGROUP",
             _ => "FAILURE",
         };
         format!("code=exited, status={code}/{name}")
@@ -849,6 +1032,38 @@ pub fn enablement_links(name: &str) -> Vec<PathBuf> {
         .map(|dir| dir.join(name))
         .filter(|link| link.symlink_metadata().is_ok())
         .collect()
+}
+
+/// Only services are units here; targets and the like are always reached.
+fn is_service(name: &str) -> bool {
+    name.ends_with(".service")
+}
+
+/// `names` ordered so that each comes after the units it is `After=` and
+/// before those it is `Before=` (among `names`); ties and cycles keep the
+/// names' order.
+fn boot_order(names: BTreeSet<String>) -> Vec<String> {
+    let files: BTreeMap<String, UnitFile> = names
+        .iter()
+        .filter_map(|n| Some((n.clone(), read_unit(n).ok()??.file)))
+        .collect();
+    let must_follow = |a: &str, b: &str| {
+        // a comes after b
+        files.get(a).is_some_and(|f| f.after.iter().any(|x| x == b))
+            || files
+                .get(b)
+                .is_some_and(|f| f.before.iter().any(|x| x == a))
+    };
+    let mut pending: Vec<String> = names.into_iter().collect();
+    let mut order = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        let ready = pending
+            .iter()
+            .position(|a| !pending.iter().any(|b| b != a && must_follow(a, b)))
+            .unwrap_or(0);
+        order.push(pending.remove(ready));
+    }
+    order
 }
 
 fn enabled_units() -> BTreeSet<String> {

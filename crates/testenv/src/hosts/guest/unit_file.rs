@@ -1,8 +1,9 @@
 //! The subset of systemd's unit file format that packages installed on test
-//! hosts use: `[Service]` commands, environment, restart policy and
-//! `[Install] WantedBy=`, with drop-ins and systemd's quoting and `$VAR`
-//! expansion, so the units node-operator writes run here as they would under
-//! systemd.
+//! hosts use: `[Unit]` dependencies (`Requires=`, `Wants=`, `BindsTo=`,
+//! `After=`, `Before=`), `[Service]` commands, environment, restart policy,
+//! `KillMode=`, resource limits (`LimitNOFILE=`, ...) and `[Install]
+//! WantedBy=`, with drop-ins and systemd's quoting and `$VAR` expansion, so
+//! the units node-operator writes run here as they would under systemd.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,6 +16,58 @@ pub enum ServiceType {
     /// Runs its commands to completion.
     Oneshot,
 }
+
+/// Which processes stopping the unit (or its main process ending) kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillMode {
+    /// Every process in the unit's cgroup (the default).
+    ControlGroup,
+    /// SIGTERM to the main process, then SIGKILL to the rest of the cgroup.
+    Mixed,
+    /// The main process only: what it started keeps running (containerd's
+    /// shims and containers, for one). `KillMode=none` counts as this.
+    Process,
+}
+
+impl KillMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            KillMode::ControlGroup => "control-group",
+            KillMode::Mixed => "mixed",
+            KillMode::Process => "process",
+        }
+    }
+}
+
+/// One `Limit*=` setting: the resource as systemd names it after `Limit`
+/// (`NOFILE`, `NPROC`, ...), and its soft and hard values (`None`:
+/// `infinity`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limit {
+    pub resource: String,
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+/// The resources `Limit*=` may set, with their `RLIMIT_*` numbers.
+pub const LIMITS: [(&str, libc::__rlimit_resource_t); 16] = [
+    ("CPU", libc::RLIMIT_CPU),
+    ("FSIZE", libc::RLIMIT_FSIZE),
+    ("DATA", libc::RLIMIT_DATA),
+    ("STACK", libc::RLIMIT_STACK),
+    ("CORE", libc::RLIMIT_CORE),
+    ("RSS", libc::RLIMIT_RSS),
+    ("NOFILE", libc::RLIMIT_NOFILE),
+    ("AS", libc::RLIMIT_AS),
+    ("NPROC", libc::RLIMIT_NPROC),
+    ("MEMLOCK", libc::RLIMIT_MEMLOCK),
+    ("LOCKS", libc::RLIMIT_LOCKS),
+    ("SIGPENDING", libc::RLIMIT_SIGPENDING),
+    ("MSGQUEUE", libc::RLIMIT_MSGQUEUE),
+    ("NICE", libc::RLIMIT_NICE),
+    ("RTPRIO", libc::RLIMIT_RTPRIO),
+    ("RTTIME", libc::RLIMIT_RTTIME),
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Restart {
@@ -51,6 +104,15 @@ pub struct EnvironmentFile {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitFile {
     pub description: Option<String>,
+    /// `Requires=` and `BindsTo=`: started first, and stopping or
+    /// restarting one of them stops or restarts this unit too.
+    pub requires: Vec<String>,
+    /// `Wants=`: started first; its failing does not matter.
+    pub wants: Vec<String>,
+    /// `After=`: units that start before this one when both start.
+    pub after: Vec<String>,
+    /// `Before=`: units that start after this one when both start.
+    pub before: Vec<String>,
     pub service_type: ServiceType,
     pub exec_start_pre: Vec<ExecLine>,
     pub exec_start: Vec<ExecLine>,
@@ -61,6 +123,11 @@ pub struct UnitFile {
     pub restart_sec: Duration,
     pub timeout_stop: Duration,
     pub remain_after_exit: bool,
+    pub kill_mode: KillMode,
+    pub limits: Vec<Limit>,
+    /// `Delegate=`: the unit manages its own sub-cgroups. Every unit may here;
+    /// kept for `systemctl show`.
+    pub delegate: bool,
     pub wanted_by: Vec<String>,
     pub required_by: Vec<String>,
 }
@@ -69,6 +136,10 @@ impl Default for UnitFile {
     fn default() -> Self {
         UnitFile {
             description: None,
+            requires: Vec::new(),
+            wants: Vec::new(),
+            after: Vec::new(),
+            before: Vec::new(),
             service_type: ServiceType::Simple,
             exec_start_pre: Vec::new(),
             exec_start: Vec::new(),
@@ -80,6 +151,9 @@ impl Default for UnitFile {
             restart_sec: Duration::from_millis(100),
             timeout_stop: Duration::from_secs(90),
             remain_after_exit: false,
+            kill_mode: KillMode::ControlGroup,
+            limits: Vec::new(),
+            delegate: false,
             wanted_by: Vec::new(),
             required_by: Vec::new(),
         }
@@ -115,6 +189,12 @@ impl UnitFile {
         let bad = |what: &str| format!("[{section}] {key}={value}: {what}");
         match (section, key) {
             ("Unit", "Description") => self.description = Some(value.to_owned()),
+            ("Unit", "Requires") | ("Unit", "BindsTo") => {
+                push_words_or_clear(&mut self.requires, value)
+            }
+            ("Unit", "Wants") => push_words_or_clear(&mut self.wants, value),
+            ("Unit", "After") => push_words_or_clear(&mut self.after, value),
+            ("Unit", "Before") => push_words_or_clear(&mut self.before, value),
             ("Service", "Type") => match value {
                 "simple" | "exec" | "notify" | "notify-reload" | "idle" => {
                     self.service_type = ServiceType::Simple;
@@ -180,6 +260,33 @@ impl UnitFile {
             }
             ("Service", "RemainAfterExit") => {
                 self.remain_after_exit = parse_bool(value).ok_or_else(|| bad("not a boolean"))?
+            }
+            ("Service", "KillMode") => {
+                self.kill_mode = match value {
+                    "control-group" | "" => KillMode::ControlGroup,
+                    "mixed" => KillMode::Mixed,
+                    "process" | "none" => KillMode::Process,
+                    _ => return Err(bad("unknown kill mode")),
+                }
+            }
+            ("Service", "Delegate") => {
+                // `Delegate=cpu memory` names controllers: delegated too.
+                self.delegate = parse_bool(value).unwrap_or(!value.is_empty())
+            }
+            ("Service", limit) if limit.starts_with("Limit") => {
+                let resource = &limit["Limit".len()..];
+                if !LIMITS.iter().any(|(name, _)| *name == resource) {
+                    return Err(bad("unknown resource limit"));
+                }
+                self.limits.retain(|l| l.resource != resource);
+                if !value.is_empty() {
+                    let (soft, hard) = parse_limit(value).ok_or_else(|| bad("bad limit"))?;
+                    self.limits.push(Limit {
+                        resource: resource.to_owned(),
+                        soft,
+                        hard,
+                    });
+                }
             }
             ("Install", "WantedBy") => push_words_or_clear(&mut self.wanted_by, value),
             ("Install", "RequiredBy") => push_words_or_clear(&mut self.required_by, value),
@@ -457,6 +564,38 @@ pub fn parse_timespan(text: &str) -> Option<Duration> {
     Some(total)
 }
 
+/// `N`, `SOFT:HARD` or `infinity`, numbers with an optional binary suffix
+/// (`K`, `M`, `G`, `T`) as systemd accepts for byte limits.
+fn parse_limit(text: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let one = |t: &str| -> Option<Option<u64>> {
+        let t = t.trim();
+        if t == "infinity" {
+            return Some(None);
+        }
+        let (digits, factor) = match t.chars().last()? {
+            'K' => (&t[..t.len() - 1], 1u64 << 10),
+            'M' => (&t[..t.len() - 1], 1 << 20),
+            'G' => (&t[..t.len() - 1], 1 << 30),
+            'T' => (&t[..t.len() - 1], 1 << 40),
+            _ => (t, 1),
+        };
+        digits.parse::<u64>().ok()?.checked_mul(factor).map(Some)
+    };
+    match text.split_once(':') {
+        Some((soft, hard)) => {
+            let (soft, hard) = (one(soft)?, one(hard)?);
+            // The soft limit may not exceed the hard one.
+            let fits = match (soft, hard) {
+                (_, None) => true,
+                (None, Some(_)) => false,
+                (Some(s), Some(h)) => s <= h,
+            };
+            fits.then_some((soft, hard))
+        }
+        None => one(text).map(|v| (v, v)),
+    }
+}
+
 fn parse_bool(text: &str) -> Option<bool> {
     match text {
         "1" | "yes" | "y" | "true" | "t" | "on" => Some(true),
@@ -546,6 +685,48 @@ ExecStart=/usr/local/bin/kubelet $KUBELET_ARGS \\
         let line = parse_exec(r#"/bin/k --l="a b \"c\" $$HOME 50%% \\x" ${X}$$"#).unwrap();
         let (_, argv) = expand(&line, &env(&[("X", "x"), ("HOME", "/root")]));
         assert_eq!(argv, ["/bin/k", r#"--l=a b "c" $HOME 50% \x"#, "x$"]);
+    }
+
+    #[test]
+    fn dependencies_kill_mode_and_limits() {
+        let unit = UnitFile::parse(&["\
+[Unit]
+After=network.target containerd.service
+Requires=containerd.service
+Wants=a.service
+[Service]
+ExecStartPre=-/sbin/modprobe overlay
+ExecStart=/usr/local/bin/containerd
+Delegate=yes
+KillMode=process
+LimitNOFILE=infinity
+LimitNPROC=100:200
+LimitMEMLOCK=64K
+"])
+        .unwrap();
+        assert_eq!(unit.after, ["network.target", "containerd.service"]);
+        assert_eq!(unit.requires, ["containerd.service"]);
+        assert_eq!(unit.wants, ["a.service"]);
+        assert!(unit.exec_start_pre[0].ignore_failure);
+        assert!(unit.delegate);
+        assert_eq!(unit.kill_mode, KillMode::Process);
+        let limit = |r: &str, soft, hard| Limit {
+            resource: r.into(),
+            soft,
+            hard,
+        };
+        assert_eq!(
+            unit.limits,
+            [
+                limit("NOFILE", None, None),
+                limit("NPROC", Some(100), Some(200)),
+                limit("MEMLOCK", Some(65536), Some(65536)),
+            ]
+        );
+        assert_eq!(UnitFile::default().kill_mode, KillMode::ControlGroup);
+        assert!(UnitFile::parse(&["[Service]\nLimitNOFILE=2:1\n"]).is_err());
+        assert!(UnitFile::parse(&["[Service]\nLimitFOO=1\n"]).is_err());
+        assert!(UnitFile::parse(&["[Service]\nKillMode=some\n"]).is_err());
     }
 
     #[test]
