@@ -49,8 +49,9 @@
 //! Nothing outlives the test process: hosts die with it even when it is
 //! SIGKILLed (their init has a parent-death signal, armed from a thread that
 //! lives as long as the process), dropping [`TestHosts`] or leaving the
-//! process normally (including by a failed test) removes the run's bridge and
-//! files, and the next run removes what a killed run could not.
+//! process normally (including by a failed test) removes the run's bridge,
+//! routing rules, cgroups and files, and the next run removes what a killed
+//! run could not.
 //!
 //! Needs root, `ip`, `ssh`, `ssh-keygen` and `/usr/sbin/sshd`
 //! (`scripts/testhost-deps.sh` installs them), and the `kok-testhost` binary

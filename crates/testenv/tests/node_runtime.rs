@@ -189,6 +189,8 @@ fn hosts_run_containerd_pods_and_kubelets_side_by_side() {
     let served = node_software::serve_artifacts(&hosts).unwrap();
     assert!(served.iter().any(|f| f == "kubelet"), "{served:?}");
     let options = PackageVersionsOptions::for_test_hosts(&registry);
+    // This machine kind: cgroup v1 only, root without CAP_SYS_RESOURCE. The
+    // cgroup checks below read v1 hierarchies.
     assert!(
         options.cgroup_v1 && options.restrict_oom_score_adj,
         "{options:?}"
@@ -528,6 +530,38 @@ evictionHard:
         assert_eq!(sh(host, "systemctl is-active kubelet"), "active");
     }
     eprintln!("kubelet Pods Running after {:?}", started.elapsed());
+
+    // A reboot: the enabled units come back in order (containerd before the
+    // kubelet that requires it), in a new cgroup tree, and the kubelet runs
+    // its Pod again.
+    let a = &hosts.hosts()[0];
+    a.stop();
+    assert_eq!(cgroup_dirs(&a.cgroup_root()), Vec::<PathBuf>::new());
+    a.start().unwrap();
+    let web_ip = eventually(Duration::from_secs(60), "the Pod after a reboot", || {
+        let out = a.ssh(&format!(
+            "set -e\npod=$(crictl pods -q --state ready --name web-{})\n\
+             ip=$(crictl inspectp -o go-template --template '{{{{.status.network.ip}}}}' $pod)\n\
+             curl -fsS --max-time 2 http://$ip:8080/hostname >/dev/null\necho $ip",
+            a.name()
+        ));
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    });
+    assert!(web_ip.starts_with("10.244.1."), "{web_ip}");
+    assert_eq!(
+        sh(a, "systemctl is-active containerd kubelet"),
+        "active\nactive"
+    );
+    assert!(
+        Path::new(&format!(
+            "/sys/fs/cgroup/memory{}/kubepods",
+            a.cgroup_root()
+        ))
+        .is_dir()
+    );
+    eprintln!("rebooted host's Pod Running after {:?}", started.elapsed());
 
     // The registry served the cache without writing to it.
     assert_eq!(tree_state(registry.storage()), storage_before);

@@ -4,8 +4,10 @@
 //!
 //! Layout of `/run/kok-testenv/<id>/`: `owner` (pid and start time of the test
 //! process), `subnet`, the client key, `known_hosts`, `artifacts/`, and
-//! `hosts/<index>/` per host (its `init` pid record, host key, log, and
-//! `root/` holding the contents of its private directories).
+//! `hosts/<index>/` per host (its `init` pid record, host key, log, `root/`
+//! holding the contents of its private directories, and `etc/` the upper
+//! layer of its `/etc`). Its cgroups and the bridge's routing rules carry
+//! the run id in their names, which is how a later run finds them.
 
 use std::fs;
 use std::path::{Path, PathBuf};
