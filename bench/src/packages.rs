@@ -138,6 +138,7 @@ fn build_one(
             format: ArtifactFormat::TarGz,
         }],
         install: InstallSpec {
+            before_remove: vec![],
             binaries: shape
                 .binaries
                 .iter()

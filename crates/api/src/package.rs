@@ -120,6 +120,14 @@ pub struct InstallSpec {
     /// Cordon and drain the Node before restarting this package's service.
     #[serde(default)]
     pub requires_drain: bool,
+    /// Command run on the host before the package is removed (its Machine
+    /// deleted), while its service still runs: what a Debian package's
+    /// `prerm` does. A container runtime stops the containers it still runs
+    /// here, which would otherwise outlive it. Its failure is reported and
+    /// the removal goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 4096)))]
+    pub before_remove: Vec<String>,
 }
 
 /// One executable of a package.

@@ -178,6 +178,8 @@ pub struct Removal {
     pub package: String,
     pub unit: Option<String>,
     pub links: Vec<String>,
+    /// The PackageVersion's `beforeRemove` command.
+    pub before_remove: Vec<String>,
 }
 
 /// Stops and removes every package, the links into them, the kubelet's
@@ -190,6 +192,18 @@ pub fn offboard_script(packages: &[Removal]) -> String {
         .iter()
         .filter(|r| crate::paths::package_name(&r.package).is_ok())
     {
+        if !removal.before_remove.is_empty() {
+            // Bounded, and never the end of the removal: a host whose
+            // runtime already died still gets cleaned.
+            let command: Vec<String> = removal.before_remove.iter().map(|a| quote(a)).collect();
+            let _ = writeln!(
+                script,
+                "if [ -e {d} ]; then timeout 120 {c} || echo \"before-remove of {p} failed ($?)\"; fi",
+                d = quote(&package_dir(&removal.package)),
+                c = command.join(" "),
+                p = removal.package,
+            );
+        }
         if let Some(unit) = &removal.unit {
             let _ = writeln!(
                 script,
@@ -348,6 +362,7 @@ mod tests {
             package: "kubelet".into(),
             unit: Some("kubelet.service".into()),
             links: vec!["/usr/local/bin/kubelet".into()],
+            before_remove: vec![],
         }]);
         let stop = script.find("systemctl stop").unwrap();
         let rm = script
@@ -356,5 +371,27 @@ mod tests {
         assert!(stop < rm);
         assert!(script.contains("l='/usr/local/bin/kubelet'\nif [ -L \"$l\" ]; then case \"$(readlink \"$l\")\" in '/opt/kube-on-kube/packages/kubelet'/*) rm -f \"$l\""));
         assert!(script.contains(KUBELET_KUBECONFIG));
+    }
+
+    #[test]
+    fn a_before_remove_command_runs_quoted_while_the_service_still_runs() {
+        let script = offboard_script(&[Removal {
+            package: "containerd".into(),
+            unit: Some("containerd.service".into()),
+            links: vec![],
+            before_remove: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo '$(x)'; kill all".into(),
+            ],
+        }]);
+        let before = script
+            .find("timeout 120 '/bin/sh' '-c' 'echo '\\''$(x)'\\''; kill all' || echo")
+            .unwrap_or_else(|| panic!("{script}"));
+        let stop = script.find("systemctl stop").unwrap();
+        let rm = script
+            .find("rm -rf '/opt/kube-on-kube/packages/containerd'")
+            .unwrap();
+        assert!(before < stop && stop < rm, "{script}");
     }
 }

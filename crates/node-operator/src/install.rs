@@ -785,6 +785,7 @@ mod tests {
                 format: ArtifactFormat::TarGz,
             }],
             install: InstallSpec {
+                before_remove: vec![],
                 binaries: vec![Binary {
                     path: "bin/kubelet".into(),
                     link: Some("/usr/local/bin/kubelet".into()),

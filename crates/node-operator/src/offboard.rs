@@ -54,6 +54,9 @@ pub fn removals(installed: &[String], specs: &BTreeMap<String, PackageVersion>) 
         if let Some(unit) = &pv.spec.install.systemd_unit {
             r.unit = Some(unit.name.clone());
         }
+        if r.before_remove.is_empty() {
+            r.before_remove = pv.spec.install.before_remove.clone();
+        }
         for b in &pv.spec.install.binaries {
             if let Some(link) = &b.link
                 && !r.links.contains(link)
@@ -240,6 +243,7 @@ mod tests {
                 version: "1.0.0".into(),
                 artifacts: vec![],
                 install: InstallSpec {
+                    before_remove: vec![],
                     binaries: vec![Binary {
                         path: "bin/kubelet".into(),
                         link: Some("/usr/local/bin/kubelet".into()),

@@ -92,6 +92,7 @@ fn spec(hosts: &TestHosts, version: &str, file: &str, sha: &str) -> PackageVersi
             format: ArtifactFormat::TarGz,
         }],
         install: InstallSpec {
+            before_remove: vec![],
             binaries: vec![Binary {
                 path: "bin/fake-kubelet".into(),
                 link: Some("/usr/local/bin/fake-kubelet".into()),
@@ -413,6 +414,7 @@ async fn single_binary_artifacts_and_http_health_checks() {
             format: ArtifactFormat::Binary,
         }],
         install: InstallSpec {
+            before_remove: vec![],
             binaries: vec![Binary {
                 path: "bin/fake-ctl".into(),
                 link: Some("/usr/local/bin/fake-ctl".into()),
