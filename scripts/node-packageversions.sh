@@ -151,6 +151,18 @@ cat <<YAML
         LimitNOFILE=infinity
         [Install]
         WantedBy=multi-user.target
+    # KillMode=process keeps containers running across a containerd restart,
+    # so removing containerd first ends every container it still runs (the
+    # node's DaemonSet Pods after a drain), as kubeadm reset does.
+    beforeRemove:
+    - /bin/sh
+    - -c
+    - |
+      for ns in \$(/usr/local/bin/ctr namespaces list -q); do
+        for t in \$(/usr/local/bin/ctr -n "\$ns" tasks list -q); do
+          /usr/local/bin/ctr -n "\$ns" tasks delete --force "\$t" >/dev/null || echo "task \$t of \$ns: not deleted"
+        done
+      done
   healthCheck:
     command: [/usr/local/bin/ctr, version]
     timeoutSeconds: 60
