@@ -40,17 +40,6 @@ fn runner() -> &'static PodRunner {
     RUNNER.get_or_init(|| start_runner(vec![("node-operator".into(), node_operator_binary())]))
 }
 
-/// Every condition a working Cluster has True.
-const ALL_READY: [&str; 7] = [
-    "EtcdReady",
-    "APIServerReady",
-    "ControllerManagerReady",
-    "SchedulerReady",
-    "CertificatesReady",
-    "AddonsReady",
-    "Ready",
-];
-
 const NODE_OPERATOR_IMAGE: &str = "example.test/kok/node-operator:dev";
 /// The bootstrap token the test joins with: `<id>.<secret>`.
 const TOKEN_ID: &str = "kokt01";
@@ -467,10 +456,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         Duration::from_secs(60),
         async || {
             let c = clusters.get("ci").await.ok()?;
-            ALL_READY
-                .iter()
-                .all(|t| common::condition(&c, t).as_deref() == Some("True"))
-                .then_some(c)
+            common::all_ready(&c).then_some(c)
         },
     )
     .await;

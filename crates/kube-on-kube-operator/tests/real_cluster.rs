@@ -45,17 +45,6 @@ use serde_json::Value;
 /// The label the Production example's placement selects.
 const CONTROL_PLANE_LABEL: &str = "node-role.kubeonkube.io/control-plane";
 
-/// Every condition a working Cluster has True.
-const ALL_READY: [&str; 7] = [
-    "EtcdReady",
-    "APIServerReady",
-    "ControllerManagerReady",
-    "SchedulerReady",
-    "CertificatesReady",
-    "AddonsReady",
-    "Ready",
-];
-
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
     RUNNER.get_or_init(|| {
@@ -160,28 +149,14 @@ async fn example_becomes_a_working_kubernetes(
         .await
         .expect("create cluster");
 
-    let mut last = None;
-    let ready = loop {
-        if let Ok(c) = clusters.get(&name).await {
-            let all = ALL_READY
-                .iter()
-                .all(|t| common::condition(&c, t).as_deref() == Some("True"));
-            last = c.status.as_ref().map(|s| {
-                s.conditions
-                    .iter()
-                    .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
-                    .collect::<Vec<_>>()
-            });
-            if all {
-                break c;
-            }
-        }
-        assert!(
-            started.elapsed() < ready_within,
-            "{name}: not every condition True after {ready_within:?}: {last:#?}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let ready = common::wait_cluster(
+        &clusters,
+        &name,
+        "every condition True",
+        ready_within,
+        common::all_ready,
+    )
+    .await;
     println!(
         "{name}: every condition True {:?} after create",
         started.elapsed()
@@ -421,11 +396,7 @@ async fn ready_cluster(clusters: &Api<Cluster>, name: &str, endpoint: Option<&st
         async || {
             let c = clusters.get(name).await.ok()?;
             let at = c.status.as_ref()?.endpoint.as_deref();
-            (endpoint.is_none_or(|e| at == Some(e))
-                && ALL_READY
-                    .iter()
-                    .all(|t| common::condition(&c, t).as_deref() == Some("True")))
-            .then_some(c)
+            (endpoint.is_none_or(|e| at == Some(e)) && common::all_ready(&c)).then_some(c)
         },
     )
     .await

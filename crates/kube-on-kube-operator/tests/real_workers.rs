@@ -39,17 +39,6 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterPhase, ExposureType, Placement};
 use serde_json::Value;
 
-/// Every condition a working Cluster has True.
-const ALL_READY: [&str; 7] = [
-    "EtcdReady",
-    "APIServerReady",
-    "ControllerManagerReady",
-    "SchedulerReady",
-    "CertificatesReady",
-    "AddonsReady",
-    "Ready",
-];
-
 /// What the kubelet and containerd report, as the artifacts were built.
 const KUBELET_VERSION: &str = "v1.35.4";
 const CONTAINERD_VERSION: &str = "containerd://2.4.2";
@@ -128,33 +117,6 @@ fn runner() -> PodRunner {
         },
     )
     .unwrap_or_else(|e| panic!("the Pod runner did not start: {e}"))
-}
-
-/// Waits until every condition of the Cluster is True.
-async fn wait_ready(clusters: &Api<Cluster>, name: &str, within: Duration) -> Cluster {
-    let started = Instant::now();
-    let mut last = None;
-    loop {
-        if let Ok(c) = clusters.get(name).await {
-            let all = ALL_READY
-                .iter()
-                .all(|t| common::condition(&c, t).as_deref() == Some("True"));
-            last = c.status.as_ref().map(|s| {
-                s.conditions
-                    .iter()
-                    .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
-                    .collect::<Vec<_>>()
-            });
-            if all {
-                return c;
-            }
-        }
-        assert!(
-            started.elapsed() < within,
-            "{name}: not every condition True after {within:?}: {last:#?}"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }
 
 /// Pods of `selector` in `ns`: (name, node, phase, ready, podIP).
@@ -338,7 +300,14 @@ async fn workers_run_real_pods() {
         .create(&PostParams::default(), &cluster)
         .await
         .expect("create cluster");
-    let ready = wait_ready(&clusters, &name, Duration::from_secs(360)).await;
+    let ready = common::wait_cluster(
+        &clusters,
+        &name,
+        "every condition True",
+        Duration::from_secs(360),
+        common::all_ready,
+    )
+    .await;
     let status = ready.status.clone().expect("status");
     assert_eq!(status.phase, Some(ClusterPhase::Running));
     let endpoint = status.endpoint.clone().expect("endpoint");

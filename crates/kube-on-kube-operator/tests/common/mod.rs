@@ -184,6 +184,24 @@ pub fn condition(c: &Cluster, type_: &str) -> Option<String> {
     Some(c.status.as_ref()?.condition(type_)?.status.clone())
 }
 
+/// Every condition a working Cluster has True.
+pub const ALL_READY: [&str; 7] = [
+    "EtcdReady",
+    "APIServerReady",
+    "ControllerManagerReady",
+    "SchedulerReady",
+    "CertificatesReady",
+    "AddonsReady",
+    "Ready",
+];
+
+/// Whether every condition of [`ALL_READY`] is True.
+pub fn all_ready(c: &Cluster) -> bool {
+    ALL_READY
+        .iter()
+        .all(|t| condition(c, t).as_deref() == Some("True"))
+}
+
 /// Wait until `check` holds for the Cluster.
 pub async fn wait_cluster(
     clusters: &Api<Cluster>,
