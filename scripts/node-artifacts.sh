@@ -16,7 +16,8 @@
 # repository; the unpacked binaries stay in bin/ next to artifacts/.
 #
 # Idempotent: when every artifact for the pinned versions is in the cache, it
-# prints the directory and exits without building.
+# prints the directory and exits without building. Runs that start together
+# build once: the others wait for the first (flock).
 #
 #   scripts/node-artifacts.sh        # build if needed, print the directory
 #   KOK_TESTENV_DIR=/some/dir scripts/node-artifacts.sh
@@ -56,9 +57,11 @@ fi
 
 command -v go >/dev/null || { echo "go is required to build the node artifacts" >&2; exit 1; }
 mkdir -p "$bin" "$out" "$dir/src"
-start=$(date +%s)
 log() { echo "[node-artifacts] $*" >&2; }
 die() { echo "[node-artifacts] error: $*" >&2; exit 1; }
+. "$here/cache-lock.sh"
+cache_lock "$dir" node-artifacts have_all "$dir"
+start=$(date +%s)
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
 # The builds share the machine: they run at the lowest priority.
 gobuild() { nice -n 19 go "$@"; }

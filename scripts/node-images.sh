@@ -28,6 +28,7 @@
 # and Pods keep their upstream image names.
 #
 # Idempotent: when every image is stored, it prints the directory and exits.
+# Runs that start together build once: the others wait for the first (flock).
 # The last line of the output is the directory; its registry/ subdirectory is
 # the registry's storage (filesystem driver rootdirectory), images.txt lists
 # each image with its digest.
@@ -86,6 +87,8 @@ done
 tools=$("$here/registry-bins.sh" | tail -n1)
 crane="$tools/crane"
 mkdir -p "$dir/src" "$dir/bin" "$dir/layers" "$store" "$done_dir"
+. "$here/cache-lock.sh"
+cache_lock "$dir" node-images have_all "$dir"
 start=$(date +%s)
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 gobuild() { nice -n 19 go "$@"; }

@@ -1,20 +1,40 @@
 #!/usr/bin/env bash
-# Installs what the SSH test hosts of kok-testenv need (Debian packages; needs
-# root): sshd, the ssh client and ssh-keygen, `ip`, `ps`/`pgrep`, and curl,
-# which tests run on the hosts to download from the artifact server.
+# Installs the Debian packages the tests need (needs root):
+#
+# - for the SSH test hosts of kok-testenv: sshd, the ssh client and
+#   ssh-keygen, `ip`, `ps`/`pgrep`, and curl, which tests run on the hosts to
+#   download from the artifact server;
+# - for building the worker nodes' software (scripts/node-software.sh): gcc,
+#   the static C library and strip (pause; runc links statically), pkg-config
+#   and libseccomp-dev (runc with seccomp), mmdebstrap and gpg (Debian root
+#   filesystems for the images, from the Debian mirror), python3 (a free port),
+#   setcap (CoreDNS's capability) and the CA certificates (the image's, and
+#   the Go module proxy's).
+#
 # Idempotent: installs only what is missing, running `apt-get update` only then.
 set -euo pipefail
 
+# package → a file it installs (a glob where the path has the architecture)
 declare -A provides=(
   [openssh-server]=/usr/sbin/sshd
   [openssh-client]=/usr/bin/ssh
   [iproute2]=/usr/sbin/ip
   [procps]=/usr/bin/pgrep
   [curl]=/usr/bin/curl
+  [gcc]=/usr/bin/gcc
+  [libc6-dev]='/usr/lib/*/libc.a'
+  [binutils]=/usr/bin/strip
+  [pkg-config]=/usr/bin/pkg-config
+  [libseccomp-dev]='/usr/lib/*/libseccomp.a'
+  [mmdebstrap]=/usr/bin/mmdebstrap
+  [gpg]=/usr/bin/gpg
+  [python3]=/usr/bin/python3
+  [libcap2-bin]=/usr/sbin/setcap
+  [ca-certificates]=/etc/ssl/certs/ca-certificates.crt
 )
 missing=()
 for package in "${!provides[@]}"; do
-  [ -x "${provides[$package]}" ] || missing+=("$package")
+  compgen -G "${provides[$package]}" >/dev/null || missing+=("$package")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
