@@ -602,8 +602,21 @@ fn namespaces_of(pid: u32) -> Vec<String> {
         .collect()
 }
 
-/// Processes (not zombies, which hold no namespace) in any of `namespaces`.
-fn processes_in(namespaces: &[String]) -> Vec<String> {
+/// Now, in the clock ticks since boot that `/proc/<pid>/stat` counts in.
+fn ticks_now() -> u64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let seconds: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (seconds * per_second) as u64
+}
+
+/// Processes (not zombies, which hold no namespace) in any of `namespaces`
+/// that started before `cutoff` (ticks since boot). A namespace's number is
+/// given again once it is gone, so a process started after the hosts were
+/// taken down, in a namespace of something else running on the machine, may
+/// show up under one of their old numbers: it is not theirs.
+fn processes_in(namespaces: &[String], cutoff: u64) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let pid = entry.file_name().to_string_lossy().into_owned();
@@ -611,11 +624,17 @@ fn processes_in(namespaces: &[String]) -> Vec<String> {
             continue;
         }
         let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        if stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
-        {
+        let rest = stat.rsplit(')').next().unwrap_or_default();
+        if rest.trim_start().starts_with('Z') {
+            continue;
+        }
+        // Field 22 of stat, the 20th after the command's closing parenthesis.
+        let started: u64 = rest
+            .split_whitespace()
+            .nth(19)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        if started > cutoff {
             continue;
         }
         for ns in ["pid", "net", "mnt"] {
@@ -667,11 +686,11 @@ fn rules_of(run_id: &str) -> Vec<String> {
         .collect()
 }
 
-fn assert_nothing_left(run_id: &str, namespaces: &[String], after_kill: bool) {
+fn assert_nothing_left(run_id: &str, namespaces: &[String], cutoff: u64, after_kill: bool) {
     eventually(
         Duration::from_secs(10),
         "the hosts' processes to die",
-        || processes_in(namespaces).is_empty(),
+        || processes_in(namespaces, cutoff).is_empty(),
     );
     if after_kill {
         // Nothing of the dead process could remove these; the next run does
@@ -698,15 +717,16 @@ fn dropping_the_hosts_leaves_nothing_behind() {
         .collect();
     assert_eq!(namespaces.len(), 6);
     // Per host its launcher, init and sshd, and the unit's process.
-    let processes = processes_in(&namespaces);
+    let processes = processes_in(&namespaces, ticks_now());
     assert_eq!(processes.len(), 2 * 3 + 1, "{processes:?}");
     assert_eq!(interfaces_of(&run_id).len(), 3);
     assert!(rules_of(&run_id).len() >= 2);
     assert!(!cgroups_of(&run_id).is_empty());
 
+    let cutoff = ticks_now();
     drop(hosts);
-    assert_eq!(processes_in(&namespaces), Vec::<String>::new());
-    assert_nothing_left(&run_id, &namespaces, false);
+    assert_eq!(processes_in(&namespaces, cutoff), Vec::<String>::new());
+    assert_nothing_left(&run_id, &namespaces, cutoff, false);
 }
 
 const CHILD_ENV: &str = "KOK_HOSTS_TEST_CHILD";
@@ -771,6 +791,7 @@ fn a_dying_test_process_leaves_nothing_behind() {
             .collect();
         assert_eq!(namespaces.len(), 6, "{line}");
         assert!(!cgroups_of(&run_id).is_empty());
+        let cutoff = ticks_now();
         if how == "kill" {
             child.kill().unwrap();
         } else {
@@ -780,7 +801,7 @@ fn a_dying_test_process_leaves_nothing_behind() {
         std::io::copy(&mut stdout, &mut std::io::sink()).unwrap();
         let status = child.wait().unwrap();
         assert_eq!(status.success(), how == "exit", "{how}: {status}");
-        assert_nothing_left(&run_id, &namespaces, how == "kill");
+        assert_nothing_left(&run_id, &namespaces, cutoff, how == "kill");
     }
 }
 
