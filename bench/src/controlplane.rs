@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> Result<()> {
     crate::append(args.out.as_deref(), &table)
 }
 
-async fn start_operator(client: &Client, ns: &str, log_level: &str) -> Result<()> {
+pub(crate) async fn start_operator(client: &Client, ns: &str, log_level: &str) -> Result<()> {
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "operator"}}))?;
     Api::<ServiceAccount>::namespaced(client.clone(), ns)
@@ -235,7 +235,9 @@ fn want(type_: &str) -> &'static str {
 }
 
 /// Whether every condition is as [`want`] says, and there are some.
-fn settled(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> bool {
+pub(crate) fn settled(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> bool {
     !conditions.is_empty() && conditions.iter().all(|c| c.status == want(&c.type_))
 }
 

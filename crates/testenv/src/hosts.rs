@@ -77,6 +77,7 @@ mod network;
 mod run_dir;
 mod tools;
 
+pub use artifacts::Request as ArtifactRequest;
 pub use error::Error;
 pub use helper::HELPER_ENV;
 
@@ -298,6 +299,13 @@ impl TestHosts {
     /// URL paths requested from the artifact server so far.
     pub fn artifact_requests(&self) -> Vec<String> {
         self.artifacts.requests()
+    }
+
+    /// Every request to the artifact server so far, in order: who asked
+    /// (hosts of other runs may download here too), the path, and the bytes
+    /// of the file sent. What a benchmark counts as bytes moved per host.
+    pub fn artifact_log(&self) -> Vec<ArtifactRequest> {
+        self.artifacts.log()
     }
 
     /// The machine's address on the hosts' bridge: servers the hosts should
