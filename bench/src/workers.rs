@@ -26,7 +26,8 @@ use kok_testenv::node_software;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_on_kube_api::Machine;
 
-use crate::measure::{Meter, median};
+use crate::fleet::{process_cpu_seconds, sibling};
+use crate::measure::{Meter, children_cpu, median};
 use crate::provision::{default_playbook, playbook};
 use site::Site;
 use timeline::Timeline;
@@ -102,6 +103,12 @@ struct Run {
     hosts: usize,
     /// Until every worker's workload Pod was Ready.
     all_s: f64,
+    /// CPU of the tool until then: node-operator's process and its ssh
+    /// clients, or `ansible-playbook` and its workers (NaN when unknown).
+    tool_cpu_s: f64,
+    /// CPU of everything on the hosts until then.
+    hosts_cpu_s: f64,
+    /// CPU of the whole machine, whoever used it.
     machine_cpu_s: f64,
     /// When `ansible-playbook` exited.
     play_s: Option<f64>,
@@ -123,6 +130,7 @@ pub async fn run(args: Args) -> Result<()> {
     } else {
         None
     };
+    check_inotify(args.hosts.iter().copied().max().unwrap_or(0))?;
     let timeout = Duration::from_secs(args.timeout);
     let site = Site::start(&args.operator_log_level, timeout).await?;
     let timeline = Timeline::start(&site.business);
@@ -162,6 +170,29 @@ pub async fn run(args: Args) -> Result<()> {
     crate::append(args.out.as_deref(), &tables)
 }
 
+/// inotify instances one joined host takes: its kubelet about 6, containerd
+/// 2, kube-proxy 1, with room to spare.
+const INOTIFY_PER_HOST: u64 = 12;
+
+/// The test hosts share the machine's kernel, and with it the per-user limit
+/// of inotify instances (128 by default), which every real host has for
+/// itself. Past it kube-proxy exits with "too many open files" and kubelets
+/// fail, so a run that would pass it is refused before it starts.
+fn check_inotify(hosts: usize) -> Result<()> {
+    let path = "/proc/sys/fs/inotify/max_user_instances";
+    let limit: u64 = std::fs::read_to_string(path)?.trim().parse()?;
+    let need = INOTIFY_PER_HOST * hosts as u64 + 64;
+    if limit < need {
+        bail!(
+            "{path} is {limit}; {hosts} hosts' kubelets, containerds and kube-proxies share it \
+             (on separate machines each has its own) and need about {need}: raise it first, \
+             e.g. `sysctl -w fs.inotify.max_user_instances={}`",
+            need.next_power_of_two()
+        );
+    }
+    Ok(())
+}
+
 async fn one_run(
     site: &Site,
     timeline: &Timeline,
@@ -182,6 +213,11 @@ async fn one_run(
     let images_mark = site.registry.served()?.len();
     let received_before: Vec<u64> = hosts.hosts().iter().map(received).collect();
 
+    let tool_cpu = || match tool {
+        Tool::NodeOperator => node_operator_cpu(),
+        Tool::Ansible => children_cpu(),
+    };
+    let tool_cpu_before = tool_cpu();
     let meter = Meter::start();
     let started = Instant::now();
     let mut play_s = None;
@@ -214,6 +250,13 @@ async fn one_run(
     }
     .await;
     let cost = meter.stop();
+    let tool_cpu_s = tool_cpu() - tool_cpu_before;
+    let hosts_cpu_s = hosts
+        .hosts()
+        .iter()
+        .filter_map(|h| h.cpu_time())
+        .map(|t| t.as_secs_f64())
+        .sum();
     let workers = match result {
         Ok(()) => {
             let workers = measure(site, timeline, &hosts, started, artifacts_mark, images_mark)?;
@@ -238,6 +281,8 @@ async fn one_run(
         tool,
         hosts: n,
         all_s: cost.wall_s,
+        tool_cpu_s,
+        hosts_cpu_s,
         machine_cpu_s: cost.machine_cpu_s,
         play_s,
         workers,
@@ -324,6 +369,22 @@ fn measure(
             })
         })
         .collect()
+}
+
+/// CPU seconds of the site's node-operator (the process running the binary
+/// built next to this one) and the ssh clients it waited for; NaN when it
+/// is not found.
+fn node_operator_cpu() -> f64 {
+    let Ok(binary) = sibling("node-operator").and_then(|p| Ok(p.canonicalize()?)) else {
+        return f64::NAN;
+    };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return f64::NAN;
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e == binary))
+        .and_then(|pid| process_cpu_seconds(pid, true).ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// Bytes the host's `eth0` received, from its network namespace's
@@ -474,20 +535,21 @@ fn table(args: &Args, n: usize, tools: &[Tool], runs: &[Run], cluster_ready_s: f
     let mut out = format!(
         "\n### Worker nodes: Machines applied → Node Ready → Pods, {n} real hosts at once, {} runs of each tool\n\n\
          Seconds from applying the Machines (starting the playbook), per worker: median / p90 / max over {} workers.\n\n\
-         | tool | Node Ready s | first Pod Running s | workload Pod Ready s | all {n} ready s (median run) | machine CPU s (median run) | artifacts MiB per host | images MiB per host | received MiB per host |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | tool | Node Ready s | first Pod Running s | workload Pod Ready s | all {n} ready s | CPU s (tool) | CPU s (hosts) | artifacts MiB per host | images MiB per host | received MiB per host |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.runs,
         args.runs * n
     );
     for &tool in tools {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
             tool.label(),
             spread(&of(tool, |w| w.ready_s)),
             spread(&of(tool, |w| w.first_pod_s)),
             spread(&of(tool, |w| w.workload_s)),
             median(&of_runs(tool, |r| r.all_s)),
-            median(&of_runs(tool, |r| r.machine_cpu_s)),
+            median(&of_runs(tool, |r| r.tool_cpu_s)),
+            median(&of_runs(tool, |r| r.hosts_cpu_s)),
             mib(median(&of(tool, |w| w.artifact_bytes as f64))),
             mib(median(&of(tool, |w| w.image_bytes as f64))),
             mib(median(&of(tool, |w| w.received_bytes as f64))),
@@ -501,12 +563,13 @@ fn table(args: &Args, n: usize, tools: &[Tool], runs: &[Run], cluster_ready_s: f
             median(&of_runs(Tool::Ansible, f)) / median(&of_runs(Tool::NodeOperator, f))
         };
         out.push_str(&format!(
-            "| **ratio ansible / node-operator (medians)** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | {:.2}× | {:.2}× | {:.2}× |\n",
+            "| **ratio ansible / node-operator (medians)** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | {:.2}× | {:.2}× | {:.2}× |\n",
             ratio(|w| w.ready_s),
             ratio(|w| w.first_pod_s),
             ratio(|w| w.workload_s),
             ratio_runs(|r| r.all_s),
-            ratio_runs(|r| r.machine_cpu_s),
+            ratio_runs(|r| r.tool_cpu_s),
+            ratio_runs(|r| r.hosts_cpu_s),
             ratio(|w| w.artifact_bytes as f64),
             ratio(|w| w.image_bytes as f64),
             ratio(|w| w.received_bytes as f64),
@@ -521,7 +584,7 @@ fn table(args: &Args, n: usize, tools: &[Tool], runs: &[Run], cluster_ready_s: f
         });
     out.push_str(&format!(
         "\nThe business Cluster was Ready {cluster_ready_s:.1}s after it was created (once, before the runs). First Pod Running on a worker, by Pod: {}.\n\nAll runs:\n\n\
-         | run | tool | all ready s | play ended s | machine CPU s | Node Ready s (median / max) | workload Pod Ready s (median / max) | artifacts MiB (min / max host) | images MiB (min / max host) |\n\
+         | run | tool | all ready s | play ended s | CPU s (tool / hosts / machine) | Node Ready s (median / max) | workload Pod Ready s (median / max) | artifacts MiB (min / max host) | images MiB (min / max host) |\n\
          |---:|---|---:|---:|---:|---:|---:|---:|---:|\n",
         firsts
             .iter()
@@ -540,11 +603,13 @@ fn table(args: &Args, n: usize, tools: &[Tool], runs: &[Run], cluster_ready_s: f
             )
         };
         out.push_str(&format!(
-            "| {} | {} | {:.1} | {} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {} | {} |\n",
+            "| {} | {} | {:.1} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {} | {} |\n",
             i / tools.len() + 1,
             r.tool.label(),
             r.all_s,
             r.play_s.map(|p| format!("{p:.1}")).unwrap_or("–".into()),
+            r.tool_cpu_s,
+            r.hosts_cpu_s,
             r.machine_cpu_s,
             median(&v(|w| w.ready_s)),
             quantile(&v(|w| w.ready_s), 1.0),

@@ -13,7 +13,6 @@ use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kok_testenv::hosts::TestHosts;
-use kok_testenv::kube_env::{KubeEnv, Options as EnvOptions};
 use kok_testenv::node_software::{self, PackageVersionsOptions};
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
 use kok_testenv::registry::Registry;
@@ -25,7 +24,7 @@ use node_operator::machine::plan::{self, ClusterValues, Wanted};
 use serde_json::json;
 
 use crate::canary::apply;
-use crate::controlplane::{settled, start_operator};
+use crate::controlplane::{meta_cluster, settled, start_operator};
 use crate::fleet::sibling;
 
 /// Namespace of the workload the benchmark runs on every node.
@@ -56,16 +55,7 @@ pub struct Site {
 impl Site {
     /// Sets everything up and waits until the Cluster is Ready.
     pub async fn start(operator_log_level: &str, timeout: Duration) -> Result<Site> {
-        let env: &'static KubeEnv = Box::leak(Box::new(
-            KubeEnv::start(EnvOptions {
-                controller_manager: true,
-                scheduler: true,
-                kwok_nodes: 0,
-                install_crds: true,
-                controller_manager_qps: None,
-            })
-            .context("start the meta-cluster")?,
-        ));
+        let env = meta_cluster()?;
         let mut programs = BTreeMap::new();
         for name in ["kube-on-kube-operator", "node-operator"] {
             programs.insert(name.to_string(), sibling(name)?);

@@ -12,6 +12,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use super::site::PROBE_LABEL;
@@ -39,43 +40,11 @@ pub struct Timeline {
 impl Timeline {
     pub fn start(client: &Client) -> Timeline {
         let book: Book = Arc::default();
-        let nodes = {
-            let (book, api) = (book.clone(), Api::<Node>::all(client.clone()));
-            tokio::spawn(async move {
-                let stream = watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects();
-                let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    let Ok(node) = event else { continue };
-                    if node_ready(&node) {
-                        let now = Instant::now();
-                        lock(&book)
-                            .entry(node.name_any())
-                            .or_default()
-                            .ready
-                            .get_or_insert(now);
-                    }
-                }
-            })
-        };
-        let pods = {
-            let (book, api) = (book.clone(), Api::<Pod>::all(client.clone()));
-            tokio::spawn(async move {
-                let stream = watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .applied_objects();
-                let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    let Ok(pod) = event else { continue };
-                    note_pod(&book, &pod, Instant::now());
-                }
-            })
-        };
-        Timeline {
-            book,
-            tasks: vec![nodes, pods],
-        }
+        let tasks = vec![
+            follow(Api::<Node>::all(client.clone()), book.clone(), note_node),
+            follow(Api::<Pod>::all(client.clone()), book.clone(), note_pod),
+        ];
+        Timeline { book, tasks }
     }
 
     /// What has been seen of Node `name` so far.
@@ -90,6 +59,25 @@ impl Drop for Timeline {
             task.abort();
         }
     }
+}
+
+/// Watches `api`, noting every object seen (at the moment it arrives) with
+/// `note`.
+fn follow<K>(api: Api<K>, book: Book, note: fn(&Book, &K, Instant)) -> JoinHandle<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Ok(object) = event {
+                note(&book, &object, Instant::now());
+            }
+        }
+    })
 }
 
 fn lock(book: &Book) -> MutexGuard<'_, BTreeMap<String, Seen>> {
@@ -108,6 +96,16 @@ fn pod_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn note_node(book: &Book, node: &Node, now: Instant) {
+    if node_ready(node) {
+        lock(book)
+            .entry(node.name_any())
+            .or_default()
+            .ready
+            .get_or_insert(now);
+    }
 }
 
 fn note_pod(book: &Book, pod: &Pod, now: Instant) {

@@ -428,6 +428,17 @@ impl TestHost {
         self.run.cgroup_root(self.index)
     }
 
+    /// CPU time everything in the host has used since it booted (its
+    /// cgroup root's accounting: sshd, what runs over SSH, its units,
+    /// containerd's containers), `None` when the host is off or the machine
+    /// has no CPU accounting.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        if !self.is_running() {
+            return None;
+        }
+        cgroups::cpu_time(&self.cgroup_root())
+    }
+
     /// The host's init and sshd log on the machine.
     pub fn log_path(&self) -> PathBuf {
         self.run.host_dir(self.index).join("log")
