@@ -26,7 +26,7 @@ use kok_testenv::node_software;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_on_kube_api::Machine;
 
-use crate::fleet::{process_cpu_seconds, sibling};
+use crate::fleet::process_cpu_seconds;
 use crate::measure::{Meter, children_cpu, median};
 use crate::provision::{default_playbook, playbook};
 use site::Site;
@@ -371,18 +371,38 @@ fn measure(
         .collect()
 }
 
-/// CPU seconds of the site's node-operator (the process running the binary
-/// built next to this one) and the ssh clients it waited for; NaN when it
-/// is not found.
+/// CPU seconds of the site's node-operator (the process of that name the
+/// Pod runner started under this one) and the ssh clients it waited for;
+/// NaN when it is not found.
 fn node_operator_cpu() -> f64 {
-    let Ok(binary) = sibling("node-operator").and_then(|p| Ok(p.canonicalize()?)) else {
-        return f64::NAN;
+    let ours = std::process::id();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let descends = |mut pid: u32| {
+        while let Some(p) = parent(pid).filter(|p| *p > 1) {
+            if p == ours {
+                return true;
+            }
+            pid = p;
+        }
+        false
     };
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return f64::NAN;
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e == binary))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "node-operator")
+        })
+        .find(|pid| descends(*pid))
         .and_then(|pid| process_cpu_seconds(pid, true).ok())
         .unwrap_or(f64::NAN)
 }
