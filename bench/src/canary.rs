@@ -417,7 +417,7 @@ async fn apply_package_version(client: &Client, p: &Package) -> Result<()> {
 }
 
 /// Server-side apply of `object` (forced, as the benchmark's field manager).
-async fn apply<K>(api: &Api<K>, name: &str, object: &serde_json::Value) -> Result<()>
+pub(crate) async fn apply<K>(api: &Api<K>, name: &str, object: &serde_json::Value) -> Result<()>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {

@@ -57,16 +57,7 @@ struct Sample {
 /// Runs the benchmark and prints (and optionally appends) the table.
 pub async fn run(args: Args) -> Result<()> {
     // One meta-cluster and runner for every Cluster, as a user has.
-    let env: &'static KubeEnv = Box::leak(Box::new(
-        KubeEnv::start(EnvOptions {
-            controller_manager: true,
-            scheduler: true,
-            kwok_nodes: 0,
-            install_crds: true,
-            controller_manager_qps: None,
-        })
-        .context("start the meta-cluster")?,
-    ));
+    let env = meta_cluster()?;
     let mut programs = std::collections::BTreeMap::new();
     for name in ["kube-on-kube-operator", "node-operator"] {
         programs.insert(name.to_string(), sibling(name)?);
@@ -106,7 +97,25 @@ pub async fn run(args: Args) -> Result<()> {
     crate::append(args.out.as_deref(), &table)
 }
 
-async fn start_operator(client: &Client, ns: &str, log_level: &str) -> Result<()> {
+/// A meta-cluster for the Pod runner: kube-apiserver, etcd,
+/// kube-controller-manager and kube-scheduler, no kwok, the CRDs installed;
+/// it lives as long as the process.
+pub(crate) fn meta_cluster() -> Result<&'static KubeEnv> {
+    Ok(Box::leak(Box::new(
+        KubeEnv::start(EnvOptions {
+            controller_manager: true,
+            scheduler: true,
+            kwok_nodes: 0,
+            install_crds: true,
+            controller_manager_qps: None,
+        })
+        .context("start the meta-cluster")?,
+    )))
+}
+
+/// Runs the kube-on-kube-operator as the Pod `operator` of `ns` on `cp-0`,
+/// watching `ns`, allowed everything.
+pub(crate) async fn start_operator(client: &Client, ns: &str, log_level: &str) -> Result<()> {
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "operator"}}))?;
     Api::<ServiceAccount>::namespaced(client.clone(), ns)
@@ -235,7 +244,9 @@ fn want(type_: &str) -> &'static str {
 }
 
 /// Whether every condition is as [`want`] says, and there are some.
-fn settled(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]) -> bool {
+pub(crate) fn settled(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> bool {
     !conditions.is_empty() && conditions.iter().all(|c| c.status == want(&c.type_))
 }
 

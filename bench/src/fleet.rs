@@ -385,15 +385,24 @@ pub(crate) fn proc_status_kib(pid: u32, field: &str) -> Result<u64> {
 
 /// User + system CPU seconds of a process, from `/proc/<pid>/stat`.
 fn cpu_seconds(pid: u32) -> Result<f64> {
+    process_cpu_seconds(pid, false)
+}
+
+/// User + system CPU seconds of a process, from `/proc/<pid>/stat`; with
+/// `children`, also those of the children it has waited for (the ssh
+/// clients a node-operator runs).
+pub(crate) fn process_cpu_seconds(pid: u32, children: bool) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) in parentheses.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| -> f64 { fields.get(i).and_then(|v| v.parse().ok()).unwrap_or(0.0) };
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the
+    // name; cutime and cstime 16 and 17.
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok((ticks(11) + ticks(12)) / hz)
+    let waited = if children { ticks(13) + ticks(14) } else { 0.0 };
+    Ok((ticks(11) + ticks(12) + waited) / hz)
 }
 
 fn table(args: &Args, samples: &[Sample]) -> String {

@@ -8,6 +8,7 @@ mod packages;
 mod plot;
 mod provision;
 mod steady;
+mod workers;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +40,11 @@ enum Command {
     /// their kwok Nodes: time to reconcile all once, memory, SSH sessions
     /// opened, API requests per minute.
     Steady(steady::Args),
+    /// Join N real worker nodes (containerd, runc, CNI plugins, kubelet on
+    /// SSH test hosts) to a business cluster with node-operator and with an
+    /// Ansible playbook: per worker, applied → Node Ready → first Pods
+    /// Running, and the bytes each host moved.
+    Workers(workers::Args),
 }
 
 #[tokio::main]
@@ -50,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Canary(args) => canary::run(args).await,
         Command::Controlplane(args) => controlplane::run(args).await,
         Command::Steady(args) => steady::run(args).await,
+        Command::Workers(args) => workers::run(args).await,
     }
 }
 

@@ -23,6 +23,12 @@ fn rusage_seconds(who: libc::c_int) -> f64 {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// User + system CPU seconds of the children this process has waited for
+/// (and theirs): `ansible-playbook` and its workers once it has exited.
+pub fn children_cpu() -> f64 {
+    rusage_seconds(libc::RUSAGE_CHILDREN)
+}
+
 fn process_cpu() -> f64 {
     rusage_seconds(libc::RUSAGE_SELF) + rusage_seconds(libc::RUSAGE_CHILDREN)
 }

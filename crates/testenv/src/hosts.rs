@@ -77,6 +77,7 @@ mod network;
 mod run_dir;
 mod tools;
 
+pub use artifacts::Request as ArtifactRequest;
 pub use error::Error;
 pub use helper::HELPER_ENV;
 
@@ -300,6 +301,13 @@ impl TestHosts {
         self.artifacts.requests()
     }
 
+    /// Every request to the artifact server so far, in order: who asked
+    /// (hosts of other runs may download here too), the path, and the bytes
+    /// of the file sent. What a benchmark counts as bytes moved per host.
+    pub fn artifact_log(&self) -> Vec<ArtifactRequest> {
+        self.artifacts.log()
+    }
+
     /// The machine's address on the hosts' bridge: servers the hosts should
     /// reach listen here (or on 0.0.0.0).
     pub fn gateway_ip(&self) -> IpAddr {
@@ -418,6 +426,17 @@ impl TestHost {
     /// kubelet as its `--cgroup-root` (with `cgroupDriver: cgroupfs`).
     pub fn cgroup_root(&self) -> String {
         self.run.cgroup_root(self.index)
+    }
+
+    /// CPU time everything in the host has used since it booted (its
+    /// cgroup root's accounting: sshd, what runs over SSH, its units,
+    /// containerd's containers), `None` when the host is off or the machine
+    /// has no CPU accounting.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        if !self.is_running() {
+            return None;
+        }
+        cgroups::cpu_time(&self.cgroup_root())
     }
 
     /// The host's init and sshd log on the machine.

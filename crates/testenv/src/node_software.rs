@@ -3,7 +3,8 @@
 //! plugins, crictl and the kubelet (`scripts/node-artifacts.sh`), the images
 //! Pods run (`scripts/node-images.sh`), the OCI registry serving them
 //! (`scripts/registry-bins.sh`, see [`crate::registry`]), and the
-//! PackageVersions that install them (`scripts/node-packageversions.sh`).
+//! PackageVersions that install them (`scripts/node-packageversions.sh`),
+//! and the example Machine filled in for a test host.
 //!
 //! Each script builds only what its cache lacks and prints the cache
 //! directory on its last line, so calling one with a warm cache is instant.
@@ -27,7 +28,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::hosts::TestHosts;
+use k8s_openapi::api::core::v1::Secret;
+use kube_on_kube_api::Machine;
+use serde_json::Value;
+
+use crate::hosts::{TestHost, TestHosts};
 use crate::registry::Registry;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,8 @@ pub enum Error {
     },
     #[error("the registry did not start: {detail}; its log is {}", log.display())]
     Registry { detail: String, log: PathBuf },
+    #[error("examples/machine.yaml: {0}")]
+    Example(String),
 }
 
 impl Error {
@@ -206,6 +213,60 @@ pub fn package_versions(base_url: &str, options: &PackageVersionsOptions) -> Res
     run_script("node-packageversions.sh", &args)
 }
 
+/// The documents of `examples/machine.yaml`: its key Secret and its Machine.
+fn example_documents() -> Result<Vec<Value>, Error> {
+    use serde::Deserialize;
+    let text = include_str!("../../../examples/machine.yaml");
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).map_err(|e| Error::Example(e.to_string())))
+        .collect()
+}
+
+fn example_document(kind: &str) -> Result<Value, Error> {
+    example_documents()?
+        .into_iter()
+        .find(|d| d["kind"] == kind)
+        .ok_or_else(|| Error::Example(format!("no {kind}")))
+}
+
+/// The example Machine (`examples/machine.yaml`) for `host`, as a user fills
+/// it in: the host's name, address and pinned key, and `zone`. What comes
+/// from the test environment rather than the example:
+/// - kernel parameters of the host's own network namespace only
+///   (`net.ipv4.ip_forward`; the example's `vm.max_map_count` would change
+///   the machine running the tests);
+/// - the kubelet's cgroup root, the host's own subtree of the machine's
+///   cgroups (a real host's kubelet owns the whole tree);
+/// - disk eviction thresholds of 1%: the hosts share the machine's disk,
+///   whose free share says nothing about them, and the example's 10% (or
+///   the kubelet's default 15% for images) would taint them with disk
+///   pressure on a well-filled machine;
+/// - no package of its own: it follows the cluster default, so changing
+///   that rolls it.
+pub fn example_machine(host: &TestHost, zone: &str) -> Result<Machine, Error> {
+    let mut v = example_document("Machine")?;
+    v["metadata"]["name"] = host.name().into();
+    let spec = &mut v["spec"];
+    spec["hostname"] = host.name().into();
+    spec["ip"] = host.ip().to_string().into();
+    spec["zone"] = zone.into();
+    spec["ssh"]["hostPublicKey"] = host.host_public_key().into();
+    spec["sysctls"] = serde_json::json!({"net.ipv4.ip_forward": "1"});
+    spec["kubelet"]["extraArgs"] = serde_json::json!({"cgroup-root": host.cgroup_root()});
+    spec["kubelet"]["evictionHard"]["nodefs.available"] = "1%".into();
+    spec["kubelet"]["evictionHard"]["imagefs.available"] = "1%".into();
+    spec["packages"] = serde_json::json!({});
+    serde_json::from_value(v).map_err(|e| Error::Example(e.to_string()))
+}
+
+/// The example's SSH key Secret (`node-ssh-key` in `kube-system`, which
+/// [`example_machine`] names) with the private key `hosts` accept.
+pub fn example_ssh_key(hosts: &TestHosts) -> Result<Secret, Error> {
+    let mut v = example_document("Secret")?;
+    v["stringData"]["ssh-privatekey"] = hosts.client_private_key_pem().into();
+    serde_json::from_value(v).map_err(|e| Error::Example(e.to_string()))
+}
+
 /// True where `/sys/fs/cgroup` is not a cgroup v2 hierarchy (v1 or hybrid).
 pub fn machine_has_cgroup_v1_only() -> bool {
     !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
@@ -227,6 +288,17 @@ pub fn has_cap_sys_resource() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_example_machine_names_the_example_key() {
+        let machine: Machine =
+            serde_json::from_value(example_document("Machine").unwrap()).unwrap();
+        let secret = example_document("Secret").unwrap();
+        let key = &machine.spec.ssh.private_key_secret_ref;
+        assert_eq!(secret["metadata"]["name"], key.name.as_str());
+        assert_eq!(secret["metadata"]["namespace"], key.namespace.as_str());
+        assert!(secret["stringData"][&key.key].is_string());
+    }
 
     #[test]
     fn options_become_the_scripts_flags() {

@@ -134,6 +134,54 @@ impl Registry {
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
+
+    /// Every response so far, in order, from the registry's access log:
+    /// who asked (a test host's own address), what, and the bytes of the
+    /// body sent. What a benchmark counts as image bytes pulled per host.
+    pub fn served(&self) -> Result<Vec<Served>, Error> {
+        let text = std::fs::read_to_string(&self.log)
+            .map_err(Error::io(format!("reading {}", self.log.display())))?;
+        Ok(text.lines().filter_map(parse_access_line).collect())
+    }
+}
+
+/// One response of the registry, as its access log records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub client: IpAddr,
+    pub method: String,
+    /// The request target, query included.
+    pub path: String,
+    pub status: u16,
+    /// Bytes of the response body.
+    pub bytes: u64,
+}
+
+/// A line of the access log, which is in Apache's combined format:
+/// `IP - - [time] "METHOD PATH PROTO" STATUS BYTES "referer" "agent"`.
+/// The registry's other log lines (`time=... level=...`) are not.
+fn parse_access_line(line: &str) -> Option<Served> {
+    let (client, rest) = line.split_once(' ')?;
+    let client: IpAddr = client.parse().ok()?;
+    let (_, rest) = rest.split_once("] \"")?;
+    let (request, rest) = rest.split_once('"')?;
+    let mut request = request.split(' ');
+    let method = request.next()?.to_string();
+    let path = request.next()?.to_string();
+    let mut rest = rest.split_whitespace();
+    let status = rest.next()?.parse().ok()?;
+    // A body of nothing is written `-`.
+    let bytes = match rest.next()? {
+        "-" => 0,
+        n => n.parse().ok()?,
+    };
+    Some(Served {
+        client,
+        method,
+        path,
+        status,
+        bytes,
+    })
 }
 
 fn config_yaml(storage: &Path, addr: SocketAddr) -> String {
@@ -180,6 +228,25 @@ pub(crate) fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn access_log_lines_are_read_and_others_skipped() {
+        let line = r#"10.213.206.2 - - [26/Nov/2026:17:11:09 +0000] "GET /v2/registry.k8s.io/pause/blobs/sha256:acc9?ns=registry.k8s.io HTTP/1.1" 200 287 "" "containerd/v2.4.2""#;
+        assert_eq!(
+            parse_access_line(line),
+            Some(Served {
+                client: "10.213.206.2".parse().unwrap(),
+                method: "GET".into(),
+                path: "/v2/registry.k8s.io/pause/blobs/sha256:acc9?ns=registry.k8s.io".into(),
+                status: 200,
+                bytes: 287,
+            })
+        );
+        let head = r#"10.213.206.2 - - [26/Nov/2026:17:11:09 +0000] "HEAD /v2/x/manifests/3.10.1 HTTP/1.1" 200 - "" "containerd/v2.4.2""#;
+        assert_eq!(parse_access_line(head).map(|s| s.bytes), Some(0));
+        let other = r#"time="2026-11-26T17:10:48.233362825Z" level=info msg="response completed" http.request.remoteaddr="10.213.206.1:38048""#;
+        assert_eq!(parse_access_line(other), None);
+    }
 
     #[test]
     fn serves_the_storage_read_only_without_purging() {

@@ -19,8 +19,20 @@ pub struct ArtifactServer {
     stopping: Arc<AtomicBool>,
     /// The listening socket, shut down to stop the accept loop.
     listener: TcpListener,
-    requests: Arc<Mutex<Vec<String>>>,
+    requests: Arc<Mutex<Vec<Request>>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// One request the server answered, as the request log keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The client's address: a host's own address when a host asked.
+    pub from: IpAddr,
+    /// The URL path, without query.
+    pub path: String,
+    /// Bytes of the file sent in the response body: 0 for a HEAD, a 404,
+    /// a response that failed midway, or one still being sent.
+    pub bytes: u64,
 }
 
 impl ArtifactServer {
@@ -67,6 +79,12 @@ impl ArtifactServer {
 
     /// Paths requested so far, in order, whatever the answer was.
     pub fn requests(&self) -> Vec<String> {
+        self.log().into_iter().map(|r| r.path).collect()
+    }
+
+    /// Every request so far, in the order they arrived, with who asked and
+    /// how much of a file was sent (filled in once the response is done).
+    pub fn log(&self) -> Vec<Request> {
         self.requests
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -85,7 +103,8 @@ impl Drop for ArtifactServer {
     }
 }
 
-fn serve(stream: TcpStream, dir: &Path, log: &Mutex<Vec<String>>) -> io::Result<()> {
+fn serve(stream: TcpStream, dir: &Path, log: &Mutex<Vec<Request>>) -> io::Result<()> {
+    let from = stream.peer_addr()?.ip();
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut request_line = String::new();
@@ -98,22 +117,32 @@ fn serve(stream: TcpStream, dir: &Path, log: &Mutex<Vec<String>>) -> io::Result<
     let mut words = request_line.split_whitespace();
     let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
     let path = target.split(['?', '#']).next().unwrap_or("");
-    log.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(path.to_owned());
+    let index = {
+        let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+        log.push(Request {
+            from,
+            path: path.to_owned(),
+            bytes: 0,
+        });
+        log.len() - 1
+    };
     let mut out = stream;
     if method != "GET" && method != "HEAD" {
-        return respond(&mut out, "405 Method Not Allowed", None, method == "HEAD");
+        return respond(&mut out, "405 Method Not Allowed", None, method == "HEAD").map(drop);
     }
     let file = resolve(dir, path).and_then(|p| {
         File::open(p)
             .ok()
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
     });
-    match file {
-        Some(file) => respond(&mut out, "200 OK", Some(file), method == "HEAD"),
-        None => respond(&mut out, "404 Not Found", None, method == "HEAD"),
+    let sent = match file {
+        Some(file) => respond(&mut out, "200 OK", Some(file), method == "HEAD")?,
+        None => respond(&mut out, "404 Not Found", None, method == "HEAD").map(|_| 0)?,
+    };
+    if let Some(request) = log.lock().unwrap_or_else(|p| p.into_inner()).get_mut(index) {
+        request.bytes = sent;
     }
+    Ok(())
 }
 
 /// The file under `dir` that a URL path names; `None` for anything that would
@@ -144,12 +173,13 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Writes the response; returns the bytes of `file` sent.
 fn respond(
     out: &mut TcpStream,
     status: &str,
     file: Option<File>,
     head_only: bool,
-) -> io::Result<()> {
+) -> io::Result<u64> {
     let (length, kind) = match &file {
         Some(f) => (f.metadata()?.len(), "application/octet-stream"),
         None => (status.len() as u64 + 1, "text/plain"),
@@ -158,15 +188,15 @@ fn respond(
         out,
         "HTTP/1.1 {status}\r\nContent-Length: {length}\r\nContent-Type: {kind}\r\nConnection: close\r\n\r\n"
     )?;
+    let mut sent = 0;
     if !head_only {
         match file {
-            Some(mut f) => {
-                io::copy(&mut f, out)?;
-            }
+            Some(mut f) => sent = io::copy(&mut f, out)?,
             None => writeln!(out, "{status}")?,
         }
     }
-    out.flush()
+    out.flush()?;
+    Ok(sent)
 }
 
 #[cfg(test)]

@@ -98,6 +98,32 @@ fn in_hierarchy(hierarchy: &Path, cgroup: &str) -> PathBuf {
     hierarchy.join(cgroup.trim_start_matches('/'))
 }
 
+/// CPU time used by every process that ran in `cgroup` (and its children)
+/// since it was created: the v1 `cpuacct.usage` (nanoseconds), else the v2
+/// `cpu.stat` `usage_usec`. `None` where neither can be read.
+pub fn cpu_time(cgroup: &str) -> Option<Duration> {
+    let all = hierarchies();
+    all.iter()
+        .find_map(|h| {
+            let text = fs::read_to_string(in_hierarchy(h, cgroup).join("cpuacct.usage")).ok()?;
+            text.trim().parse().ok().map(Duration::from_nanos)
+        })
+        .or_else(|| {
+            all.iter().find_map(|h| {
+                let text = fs::read_to_string(in_hierarchy(h, cgroup).join("cpu.stat")).ok()?;
+                parse_usage_usec(&text).map(Duration::from_micros)
+            })
+        })
+}
+
+/// `usage_usec` of a v2 `cpu.stat`.
+fn parse_usage_usec(cpu_stat: &str) -> Option<u64> {
+    cpu_stat
+        .lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Creates `cgroup` (and its missing parents) in every hierarchy. A new
 /// cgroup of the v1 `cpuset` controller starts with no CPUs and no memory
 /// nodes, which no process may join; it gets its parent's, as systemd and
@@ -261,6 +287,13 @@ pub fn host_names() -> BTreeSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v2_usage_is_read_from_cpu_stat() {
+        let stat = "usage_usec 1234567\nuser_usec 1000000\nsystem_usec 234567\n";
+        assert_eq!(parse_usage_usec(stat), Some(1_234_567));
+        assert_eq!(parse_usage_usec("user_usec 1\n"), None);
+    }
 
     #[test]
     fn every_hierarchy_once_and_only_whole_ones() {
