@@ -8,6 +8,8 @@
 #   cni-plugins-linux-amd64-v<v>.tgz       ./bridge, ./host-local, … (flat)
 #   crictl-v<v>-linux-amd64.tar.gz         crictl
 #   kubelet                                the binary (built by scripts/testenv-bins.sh)
+#   kubelet-v<next>                        the next patch release's binary, the
+#                                          version worker nodes upgrade to
 #   SHA256SUMS                             sha256sum of all of the above
 #   versions                               "<package> <version>" per line (no v)
 #
@@ -33,6 +35,7 @@ CNI_VERSION=${CNI_VERSION:-v1.10.0}
 # v1, which kubelet 1.35 and containerd 2 serve.
 CRICTL_VERSION=${CRICTL_VERSION:-v1.37.0}
 K8S_VERSION=${K8S_VERSION:-v1.35.4}
+KUBELET_NEXT_VERSION=${KUBELET_NEXT_VERSION:-v1.35.8}
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
@@ -43,7 +46,8 @@ cv=${CONTAINERD_VERSION#v}
 containerd_tgz="containerd-$cv-linux-amd64.tar.gz"
 cni_tgz="cni-plugins-linux-amd64-$CNI_VERSION.tgz"
 crictl_tgz="crictl-$CRICTL_VERSION-linux-amd64.tar.gz"
-wanted=("$containerd_tgz" runc.amd64 "$cni_tgz" "$crictl_tgz" kubelet SHA256SUMS versions)
+next_kubelet="kubelet-$KUBELET_NEXT_VERSION"
+wanted=("$containerd_tgz" runc.amd64 "$cni_tgz" "$crictl_tgz" kubelet "$next_kubelet" SHA256SUMS versions)
 
 have_all() {
   local f
@@ -170,26 +174,28 @@ build_crictl() {
 # --- kubelet ----------------------------------------------------------------
 # Built with the control plane by scripts/testenv-bins.sh; released as a plain
 # binary (dl.k8s.io/<v>/bin/linux/amd64/kubelet). KUBELET_BIN_DIR names a
-# directory that already holds the kubelet of $K8S_VERSION instead.
-copy_kubelet() {
+# directory that already holds kubelet (of $K8S_VERSION) and
+# kubelet-$KUBELET_NEXT_VERSION instead.
+copy_kubelet() { # name-in-bin version artifact
   local kbin=${KUBELET_BIN_DIR:-}
-  [ -n "$kbin" ] || kbin=$(K8S_VERSION=$K8S_VERSION "$here/testenv-bins.sh" | tail -n1)
-  [ -x "$kbin/kubelet" ] || die "$kbin has no kubelet (scripts/testenv-bins.sh builds it)"
-  "$kbin/kubelet" --version | grep -qx "Kubernetes $K8S_VERSION" \
-    || die "$kbin/kubelet is not $K8S_VERSION: $("$kbin/kubelet" --version)"
-  cp "$kbin/kubelet" "$bin/kubelet"
-  cp "$kbin/kubelet" "$out/kubelet.tmp" && mv "$out/kubelet.tmp" "$out/kubelet"
+  [ -n "$kbin" ] || kbin=$(K8S_VERSION=$K8S_VERSION KUBELET_NEXT_VERSION=$KUBELET_NEXT_VERSION "$here/testenv-bins.sh" --kubelet-next | tail -n1)
+  [ -x "$kbin/$1" ] || die "$kbin has no $1 (scripts/testenv-bins.sh builds it)"
+  "$kbin/$1" --version | grep -qx "Kubernetes $2" \
+    || die "$kbin/$1 is not $2: $("$kbin/$1" --version)"
+  cp "$kbin/$1" "$bin/$3"
+  cp "$kbin/$1" "$out/$3.tmp" && mv "$out/$3.tmp" "$out/$3"
 }
 
 [ -s "$out/$containerd_tgz" ] || timed containerd build_containerd
 [ -s "$out/runc.amd64" ] || timed runc build_runc
 [ -s "$out/$cni_tgz" ] || timed cni-plugins build_cni
 [ -s "$out/$crictl_tgz" ] || timed crictl build_crictl
-[ -s "$out/kubelet" ] || copy_kubelet
+[ -s "$out/kubelet" ] || copy_kubelet kubelet "$K8S_VERSION" kubelet
+[ -s "$out/$next_kubelet" ] || copy_kubelet "kubelet-$KUBELET_NEXT_VERSION" "$KUBELET_NEXT_VERSION" "$next_kubelet"
 
-(cd "$out" && sha256sum "$containerd_tgz" runc.amd64 "$cni_tgz" "$crictl_tgz" kubelet >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
-printf 'containerd %s\nrunc %s\ncni-plugins %s\ncrictl %s\nkubelet %s\n' "$cv" "${RUNC_VERSION#v}" \
-  "${CNI_VERSION#v}" "${CRICTL_VERSION#v}" "${K8S_VERSION#v}" >"$out/versions"
+(cd "$out" && sha256sum "$containerd_tgz" runc.amd64 "$cni_tgz" "$crictl_tgz" kubelet "$next_kubelet" >SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
+printf 'containerd %s\nrunc %s\ncni-plugins %s\ncrictl %s\nkubelet %s\nkubelet-next %s\n' "$cv" "${RUNC_VERSION#v}" \
+  "${CNI_VERSION#v}" "${CRICTL_VERSION#v}" "${K8S_VERSION#v}" "${KUBELET_NEXT_VERSION#v}" >"$out/versions"
 have_all || die "some artifacts are missing in $out"
 took=$(( $(date +%s) - start ))
 log "built in ${took}s; $(du -sh "$out" | cut -f1) in $out"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints the PackageVersions of the worker-node packages scripts/node-artifacts.sh
-# builds (containerd, runc, cni-plugins, crictl, kubelet), with every artifact's
+# builds (containerd, runc, cni-plugins, crictl, kubelet and the kubelet's next
+# patch release, which nodes upgrade to), with every artifact's
 # URL under BASE_URL and its real sha256, and a ClusterPackageVersion `default`
 # naming them. BASE_URL is where the artifacts/ directory is served (flat).
 #
@@ -51,13 +52,14 @@ out="$dir/artifacts"
 sum() { awk -v f="$1" '$2 == f || $2 == "*"f {print $1}' "$out/SHA256SUMS"; }
 ver() { awk -v p="$1" '$1 == p {print $2}' "$out/versions"; }
 containerd=$(ver containerd) runc=$(ver runc) cni=$(ver cni-plugins) crictl=$(ver crictl) kubelet=$(ver kubelet)
-for v in containerd runc cni crictl kubelet; do
+kubelet_next=$(ver kubelet-next)
+for v in containerd runc cni crictl kubelet kubelet_next; do
   [ -n "${!v}" ] || { echo "no $v version in $out/versions" >&2; exit 1; }
 done
 containerd_tgz="containerd-$containerd-linux-amd64.tar.gz"
 cni_tgz="cni-plugins-linux-amd64-v$cni.tgz"
 crictl_tgz="crictl-v$crictl-linux-amd64.tar.gz"
-for f in "$containerd_tgz" runc.amd64 "$cni_tgz" "$crictl_tgz" kubelet; do
+for f in "$containerd_tgz" runc.amd64 "$cni_tgz" "$crictl_tgz" kubelet "kubelet-v$kubelet_next"; do
   [ -n "$(sum "$f")" ] || { echo "no checksum of $f in $out/SHA256SUMS" >&2; exit 1; }
 done
 
@@ -71,6 +73,69 @@ hosts_toml() { # registry-host upstream-server
           capabilities = ["pull", "resolve"]
           override_path = true
 TOML
+}
+
+# The PackageVersion of one kubelet release.
+kubelet_pv() { # version artifact
+cat <<YAML
+---
+apiVersion: kubeonkube.io/v1alpha1
+kind: PackageVersion
+metadata:
+  name: kubelet-$1
+spec:
+  package: kubelet
+  version: $1
+  dependsOn: [containerd, cni-plugins]
+  artifacts:
+  - arch: amd64
+    url: $base/$2
+    sha256: "$(sum "$2")"
+    format: Binary
+  install:
+    requiresDrain: true
+    binaries:
+    - path: bin/kubelet
+      link: /usr/local/bin/kubelet
+    files:
+    - path: /var/lib/kubelet/config.yaml
+      template: |
+        apiVersion: kubelet.config.k8s.io/v1beta1
+        kind: KubeletConfiguration
+        authentication:
+          x509:
+            clientCAFile: /etc/kubernetes/pki/ca.crt
+          webhook:
+            enabled: true
+        authorization:
+          mode: Webhook
+        clusterDNS: [{{ clusterDNS | yaml }}]
+        clusterDomain: {{ clusterDomain | yaml }}
+        rotateCertificates: true
+        registerWithTaints: {{ registerTaints | yaml }}
+        kubeReserved: {{ kubeReserved | yaml }}
+        systemReserved: {{ systemReserved | yaml }}
+        evictionHard: {{ evictionHard | yaml }}
+        containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+YAML
+[ $cgroupv1 = yes ] && echo "        failCgroupV1: false"
+cat <<YAML
+    systemdUnit:
+      name: kubelet.service
+      content: |
+        [Unit]
+        Description=kubelet
+        After=containerd.service
+        Requires=containerd.service
+        [Service]
+        ExecStart=/usr/local/bin/kubelet --config=/var/lib/kubelet/config.yaml --bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf --hostname-override={{ nodeName | systemd }} --node-ip={{ nodeIP | systemd }} --node-labels={{ nodeLabels | systemd }}{% for flag, value in kubeletExtraArgs | items %} --{{ flag }}={{ value | systemd }}{% endfor %}
+        Restart=always
+        [Install]
+        WantedBy=multi-user.target
+  healthCheck:
+    httpGet: http://127.0.0.1:10248/healthz
+    timeoutSeconds: 120
+YAML
 }
 
 cat <<YAML
@@ -213,63 +278,10 @@ spec:
   healthCheck:
     command: [/usr/local/bin/crictl, info]
     timeoutSeconds: 60
----
-apiVersion: kubeonkube.io/v1alpha1
-kind: PackageVersion
-metadata:
-  name: kubelet-$kubelet
-spec:
-  package: kubelet
-  version: $kubelet
-  dependsOn: [containerd, cni-plugins]
-  artifacts:
-  - arch: amd64
-    url: $base/kubelet
-    sha256: "$(sum kubelet)"
-    format: Binary
-  install:
-    requiresDrain: true
-    binaries:
-    - path: bin/kubelet
-      link: /usr/local/bin/kubelet
-    files:
-    - path: /var/lib/kubelet/config.yaml
-      template: |
-        apiVersion: kubelet.config.k8s.io/v1beta1
-        kind: KubeletConfiguration
-        authentication:
-          x509:
-            clientCAFile: /etc/kubernetes/pki/ca.crt
-          webhook:
-            enabled: true
-        authorization:
-          mode: Webhook
-        clusterDNS: [{{clusterDNS}}]
-        clusterDomain: {{clusterDomain}}
-        rotateCertificates: true
-        registerWithTaints: {{registerTaints}}
-        kubeReserved: {{kubeReserved}}
-        systemReserved: {{systemReserved}}
-        evictionHard: {{evictionHard}}
-        containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 YAML
-[ $cgroupv1 = yes ] && echo "        failCgroupV1: false"
+kubelet_pv "$kubelet" kubelet
+kubelet_pv "$kubelet_next" "kubelet-v$kubelet_next"
 cat <<YAML
-    systemdUnit:
-      name: kubelet.service
-      content: |
-        [Unit]
-        Description=kubelet
-        After=containerd.service
-        Requires=containerd.service
-        [Service]
-        ExecStart=/usr/local/bin/kubelet --config=/var/lib/kubelet/config.yaml --bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf --hostname-override={{nodeName}} --node-ip={{nodeIP}} --node-labels={{nodeLabels}}{% for flag, value in kubeletExtraArgs | items %} --{{ flag }}={{ value | systemd }}{% endfor %}
-        Restart=always
-        [Install]
-        WantedBy=multi-user.target
-  healthCheck:
-    httpGet: http://127.0.0.1:10248/healthz
-    timeoutSeconds: 120
 ---
 apiVersion: kubeonkube.io/v1alpha1
 kind: ClusterPackageVersion

@@ -4,12 +4,15 @@
 # helm) from their Go modules and caches them outside the repository. The
 # previous patch releases of the control plane and etcd are built too, under
 # versioned names (kube-apiserver-v1.35.3, etcd-v3.6.15, …), so that upgrades
-# can be tested from one real release to the next.
+# can be tested from one real release to the next. With --kubelet-next it also
+# builds the kubelet's next patch release (kubelet-v1.35.8), the version worker
+# nodes are upgraded to; scripts/node-artifacts.sh asks for it.
 #
 # Idempotent: when every binary for the pinned versions is already in the cache,
 # it prints the directory and exits without building.
 #
 #   scripts/testenv-bins.sh          # build if needed, print the bin directory
+#   scripts/testenv-bins.sh --kubelet-next   # also the next kubelet release
 #   KOK_TESTENV_DIR=/some/dir scripts/testenv-bins.sh
 set -euo pipefail
 
@@ -20,6 +23,9 @@ HELM_VERSION=${HELM_VERSION:-v3.22.0}
 # Releases an upgrade test starts from.
 K8S_FROM_VERSION=${K8S_FROM_VERSION:-v1.35.3}
 ETCD_FROM_VERSION=${ETCD_FROM_VERSION:-v3.6.15}
+# The kubelet release worker nodes upgrade to (a kubelet may be newer than the
+# API server by patch releases only).
+KUBELET_NEXT_VERSION=${KUBELET_NEXT_VERSION:-v1.35.8}
 
 root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
 dir="$root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
@@ -27,6 +33,11 @@ bin="$dir/bin"
 wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd etcdctl kwok helm
   "kube-apiserver-$K8S_FROM_VERSION" "kube-controller-manager-$K8S_FROM_VERSION"
   "kube-scheduler-$K8S_FROM_VERSION" "etcd-$ETCD_FROM_VERSION")
+kubelet_next=no
+if [ "${1:-}" = --kubelet-next ]; then
+  kubelet_next=yes
+  wanted+=("kubelet-$KUBELET_NEXT_VERSION")
+fi
 
 have_all() {
   local b
@@ -155,6 +166,7 @@ build_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 build_kubernetes "$K8S_VERSION" "" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
 build_kubernetes "$K8S_FROM_VERSION" "-$K8S_FROM_VERSION" kube-apiserver kube-controller-manager kube-scheduler
+[ $kubelet_next = no ] || build_kubernetes "$KUBELET_NEXT_VERSION" "-$KUBELET_NEXT_VERSION" kubelet
 
 have_all || { echo "some binaries are missing in $bin" >&2; exit 1; }
 took=$(( $(date +%s) - start ))

@@ -318,4 +318,50 @@ mod tests {
         );
         assert!(PackageVersionsOptions::default().args().is_empty());
     }
+
+    /// Every document of `text`, each artifact's checksum replaced by the
+    /// example's placeholder.
+    fn without_checksums(text: &str) -> Vec<Value> {
+        use serde::Deserialize;
+        serde_norway::Deserializer::from_str(text)
+            .map(|doc| {
+                let mut v = Value::deserialize(doc).unwrap();
+                for a in v["spec"]["artifacts"].as_array_mut().into_iter().flatten() {
+                    a["sha256"] = "0".repeat(64).into();
+                }
+                v
+            })
+            .collect()
+    }
+
+    /// `examples/packageversions.yaml` is what the script prints for a plain
+    /// host at the example's artifact mirror, with placeholder checksums for
+    /// the user's own files; `examples/clusterpackageversion.yaml` names the
+    /// same default versions. The dev environment fills in the checksums.
+    #[test]
+    fn the_example_package_versions_are_what_the_script_prints() {
+        let printed = without_checksums(
+            &package_versions(
+                "http://artifacts.kube-on-kube.internal",
+                &PackageVersionsOptions::default(),
+            )
+            .unwrap(),
+        );
+        let (default, printed): (Vec<Value>, Vec<Value>) = printed
+            .into_iter()
+            .partition(|d| d["kind"] == "ClusterPackageVersion");
+        let example = without_checksums(include_str!("../../../examples/packageversions.yaml"));
+        assert_eq!(
+            example, printed,
+            "regenerate examples/packageversions.yaml with scripts/node-packageversions.sh"
+        );
+        let example_default: Value = serde_norway::from_str(include_str!(
+            "../../../examples/clusterpackageversion.yaml"
+        ))
+        .unwrap();
+        assert_eq!(
+            example_default["spec"]["packages"],
+            default[0]["spec"]["packages"]
+        );
+    }
 }
