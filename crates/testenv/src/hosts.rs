@@ -67,7 +67,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::time::Duration;
 
 mod artifacts;
-mod cgroups;
+pub(crate) mod cgroups;
 mod error;
 #[doc(hidden)]
 pub mod guest;

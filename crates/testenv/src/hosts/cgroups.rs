@@ -190,6 +190,26 @@ pub fn join(cgroup: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// Moves process `pid` into `cgroup` in every hierarchy, creating it when
+/// missing.
+pub fn move_into(cgroup: &str, pid: u32) -> io::Result<()> {
+    create(cgroup)?;
+    for hierarchy in hierarchies() {
+        let procs = in_hierarchy(&hierarchy, cgroup).join("cgroup.procs");
+        fs::write(&procs, pid.to_string())
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", procs.display())))?;
+    }
+    Ok(())
+}
+
+/// Removes `cgroup` from every hierarchy where it is empty (a shared parent
+/// once its last child is gone); one still in use stays.
+pub fn remove_if_empty(cgroup: &str) {
+    for hierarchy in hierarchies() {
+        let _ = fs::remove_dir(in_hierarchy(&hierarchy, cgroup));
+    }
+}
+
 /// The directories of `cgroup`'s subtree in every hierarchy, children after
 /// their parents.
 fn subtree(cgroup: &str) -> Vec<PathBuf> {

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+
+use crate::hosts::cgroups;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
@@ -35,6 +37,8 @@ use super::{node, storage};
 /// Restart backoff: the kubelet's doubling, capped low so tests see recovery in
 /// seconds rather than minutes.
 const BACKOFF_START: Duration = Duration::from_millis(500);
+/// Every container's cgroup is a child of this, in every hierarchy.
+const CGROUP_PARENT: &str = "/kok-pods";
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// Everything the Pod tasks share.
@@ -126,11 +130,17 @@ pub(crate) async fn run(
             }
         }
     }
-    // Shutting down: stop every Pod's processes now, no grace.
+    // Shutting down: stop every Pod's processes now, no grace, all at once.
+    let mut tasks = Vec::new();
     for (_, (tx, task)) in running.drain() {
         let _ = tx.send(None);
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        tasks.push((tx, task));
     }
+    let _ = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures::future::join_all(tasks.iter_mut().map(|(_, task)| task)),
+    )
+    .await;
     for task in [heartbeat, provisioner, slices, hosts] {
         task.abort();
     }
@@ -392,15 +402,19 @@ async fn run_pod(shared: Arc<Shared>, pod: Pod, mut desired: watch::Receiver<Opt
     }
     // The grace period the deletion asked for (a second deletion may have
     // shortened it), as the kubelet does.
+    // No Pod at all: the runner itself is stopping, and stops everything now.
     let deleted = desired.borrow().clone();
-    let grace = deleted
-        .as_ref()
-        .and_then(|p| p.metadata.deletion_grace_period_seconds)
-        .or(pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.termination_grace_period_seconds))
-        .unwrap_or(30);
+    let grace = match &deleted {
+        None => 0,
+        Some(deleted) => deleted
+            .metadata
+            .deletion_grace_period_seconds
+            .or(pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds))
+            .unwrap_or(30),
+    };
     let _ = stop_tx.send(Some(grace));
     let deadline = Duration::from_secs(grace.max(0) as u64 + 5);
     let join = async {
@@ -972,6 +986,17 @@ impl Process {
         let mut child = crate::process::spawn_tied_to_process(command)
             .map_err(|e| format!("starting {}: {e}", program.display()))?;
         let pid = child.id();
+        // A cgroup of its own, as a container has: what it starts that leaves
+        // its process group (a daemon such as an SSH control master) still
+        // goes with it. The process has not got far enough to fork yet.
+        let cgroup = format!("{CGROUP_PARENT}/{pid}");
+        let contained = match cgroups::move_into(&cgroup, pid) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "a container without a cgroup of its own");
+                false
+            }
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::spawn(move || {
             let code = child.wait().ok().and_then(|s| {
@@ -979,6 +1004,13 @@ impl Process {
                     std::os::unix::process::ExitStatusExt::signal(&s).map(|sig| 128 + sig)
                 })
             });
+            // When a container's process ends, so does everything it started.
+            if contained {
+                if let Err(e) = cgroups::remove(&cgroup, Duration::from_secs(10)) {
+                    tracing::warn!(error = %e, "a container's processes outlived it");
+                }
+                cgroups::remove_if_empty(CGROUP_PARENT);
+            }
             let _ = tx.send(code);
         });
         Ok(Process {
