@@ -193,7 +193,7 @@ async fn one_cluster(
                 .map(|s| {
                     s.conditions
                         .iter()
-                        .filter(|c| c.status != want(&c.type_))
+                        .filter(|c| !settled(std::slice::from_ref(c)))
                         .map(|c| format!("{}={} {}", c.type_, c.status, c.message))
                         .collect()
                 })
@@ -232,22 +232,12 @@ async fn one_cluster(
     })
 }
 
-/// The status a settled Cluster's condition of `type_` has: every readiness
-/// condition (`Ready`, `EtcdReady`, …) True; `Progressing` (an upgrade rolling
-/// through) False.
-fn want(type_: &str) -> &'static str {
-    if type_ == "Progressing" {
-        "False"
-    } else {
-        "True"
-    }
-}
-
-/// Whether every condition is as [`want`] says, and there are some.
+/// Whether every condition has settled (every readiness condition True,
+/// nothing Progressing), and there are some.
 pub(crate) fn settled(
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
 ) -> bool {
-    !conditions.is_empty() && conditions.iter().all(|c| c.status == want(&c.type_))
+    kube_on_kube_api::cluster::settled(conditions)
 }
 
 /// `/readyz` of the business API through a Ready kube-apiserver Pod, with the

@@ -563,6 +563,20 @@ pub const READY: &str = "Ready";
 /// True while a version upgrade rolls through the components; False with the
 /// reason when a version change was refused.
 pub const PROGRESSING: &str = "Progressing";
+
+/// Whether a Cluster's conditions have settled: there are some, every
+/// readiness condition is True and [`PROGRESSING`] is False (nothing rolls).
+pub fn settled(conditions: &[Condition]) -> bool {
+    !conditions.is_empty()
+        && conditions.iter().all(|c| {
+            c.status
+                == if c.type_ == PROGRESSING {
+                    "False"
+                } else {
+                    "True"
+                }
+        })
+}
 /// False while the operator's flags do not allow what the Cluster asks for
 /// (an image, a hostPath) or its namespace holds more labelled objects than
 /// the operator reads; nothing of the Cluster is changed until then.
