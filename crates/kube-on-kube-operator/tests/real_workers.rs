@@ -158,48 +158,17 @@ fn pods(k: &Kubectl, ns: &str, selector: &str) -> Vec<(String, String, String, b
 }
 
 /// The example Machine (`examples/machine.yaml`) and its key Secret for
-/// `host`, as a user would fill them in: the host's address and pinned key,
-/// the private key the hosts accept. Two things come from the test
-/// environment, not the example: kernel parameters of the host's own network
-/// namespace only (the example's `vm.max_map_count` would change the machine
-/// running the tests), the kubelet's cgroup root, the host's own subtree of
-/// the machine's cgroups (a real host's kubelet owns the whole tree), and
-/// disk eviction thresholds for a disk shared with the machine.
+/// `host`, filled in by [`node_software::example_machine`]: the host's
+/// address and pinned key, the private key the hosts accept, what only test
+/// hosts need, and the cluster default's packages.
 fn machine_yaml(host: &TestHost, hosts: &TestHosts, zone: &str) -> String {
-    let text = include_str!("../../../examples/machine.yaml");
-    let mut out = Vec::new();
-    for doc in serde_norway::Deserializer::from_str(text) {
-        use serde::Deserialize;
-        let mut v = Value::deserialize(doc).expect("examples/machine.yaml");
-        match v["kind"].as_str() {
-            Some("Secret") => {
-                v["stringData"]["ssh-privatekey"] = hosts.client_private_key_pem().into();
-            }
-            Some("Machine") => {
-                v["metadata"]["name"] = host.name().into();
-                let spec = &mut v["spec"];
-                spec["hostname"] = host.name().into();
-                spec["ip"] = host.ip().to_string().into();
-                spec["zone"] = zone.into();
-                spec["ssh"]["hostPublicKey"] = host.host_public_key().into();
-                spec["sysctls"] = serde_json::json!({"net.ipv4.ip_forward": "1"});
-                spec["kubelet"]["extraArgs"] =
-                    serde_json::json!({"cgroup-root": host.cgroup_root()});
-                // The hosts share the machine's disk, whose free share says
-                // nothing about them: the example's 10% (and the kubelet's
-                // default 15% for images) would taint them with disk
-                // pressure on a well-filled machine.
-                spec["kubelet"]["evictionHard"]["nodefs.available"] = "1%".into();
-                spec["kubelet"]["evictionHard"]["imagefs.available"] = "1%".into();
-                // The example pins kubelet; these follow the cluster
-                // default, so that changing it rolls them.
-                spec["packages"] = serde_json::json!({});
-            }
-            _ => {}
-        }
-        out.push(serde_norway::to_string(&v).expect("yaml"));
-    }
-    out.join("---\n")
+    let secret = node_software::example_ssh_key(hosts).expect("the example key Secret");
+    let machine = node_software::example_machine(host, zone).expect("the example Machine");
+    format!(
+        "{}---\n{}",
+        serde_norway::to_string(&secret).expect("yaml"),
+        serde_norway::to_string(&machine).expect("yaml")
+    )
 }
 
 /// The workload: agnhost serving its hostname, one replica per node.

@@ -229,33 +229,42 @@ fn example_document(kind: &str) -> Result<Value, Error> {
         .ok_or_else(|| Error::Example(format!("no {kind}")))
 }
 
-/// The example Machine (`examples/machine.yaml`) for `host`, as a user fills
-/// it in: the host's name, address and pinned key, and `zone`. What comes
-/// from the test environment rather than the example:
-/// - kernel parameters of the host's own network namespace only
-///   (`net.ipv4.ip_forward`; the example's `vm.max_map_count` would change
-///   the machine running the tests);
+/// Fills in a Machine (as JSON) for `host` the way a user fills one in for
+/// a real host — the host's address, SSH port and pinned key — plus what
+/// only a test host needs:
+/// - kernel parameters of the host's own network namespace only (`net.*`;
+///   `vm.max_map_count` and the like would change the machine running the
+///   tests);
 /// - the kubelet's cgroup root, the host's own subtree of the machine's
 ///   cgroups (a real host's kubelet owns the whole tree);
 /// - disk eviction thresholds of 1%: the hosts share the machine's disk,
 ///   whose free share says nothing about them, and the example's 10% (or
 ///   the kubelet's default 15% for images) would taint them with disk
-///   pressure on a well-filled machine;
-/// - no package of its own: it follows the cluster default, so changing
-///   that rolls it.
+///   pressure on a well-filled machine.
+pub fn fill_in_machine(machine: &mut Value, host: &TestHost) {
+    let spec = &mut machine["spec"];
+    spec["ip"] = host.ip().to_string().into();
+    spec["ssh"]["port"] = host.port().into();
+    spec["ssh"]["hostPublicKey"] = host.host_public_key().into();
+    match spec["sysctls"].as_object_mut() {
+        Some(sysctls) => sysctls.retain(|name, _| name.starts_with("net.")),
+        None => spec["sysctls"] = serde_json::json!({}),
+    }
+    spec["kubelet"]["extraArgs"]["cgroup-root"] = host.cgroup_root().into();
+    spec["kubelet"]["evictionHard"]["nodefs.available"] = "1%".into();
+    spec["kubelet"]["evictionHard"]["imagefs.available"] = "1%".into();
+}
+
+/// The example Machine (`examples/machine.yaml`) for `host`, named after it,
+/// in `zone`, filled in by [`fill_in_machine`], and with no package of its
+/// own: it follows the cluster default, so changing that rolls it.
 pub fn example_machine(host: &TestHost, zone: &str) -> Result<Machine, Error> {
     let mut v = example_document("Machine")?;
     v["metadata"]["name"] = host.name().into();
-    let spec = &mut v["spec"];
-    spec["hostname"] = host.name().into();
-    spec["ip"] = host.ip().to_string().into();
-    spec["zone"] = zone.into();
-    spec["ssh"]["hostPublicKey"] = host.host_public_key().into();
-    spec["sysctls"] = serde_json::json!({"net.ipv4.ip_forward": "1"});
-    spec["kubelet"]["extraArgs"] = serde_json::json!({"cgroup-root": host.cgroup_root()});
-    spec["kubelet"]["evictionHard"]["nodefs.available"] = "1%".into();
-    spec["kubelet"]["evictionHard"]["imagefs.available"] = "1%".into();
-    spec["packages"] = serde_json::json!({});
+    v["spec"]["hostname"] = host.name().into();
+    v["spec"]["zone"] = zone.into();
+    fill_in_machine(&mut v, host);
+    v["spec"]["packages"] = serde_json::json!({});
     serde_json::from_value(v).map_err(|e| Error::Example(e.to_string()))
 }
 
@@ -355,10 +364,9 @@ mod tests {
             example, printed,
             "regenerate examples/packageversions.yaml with scripts/node-packageversions.sh"
         );
-        let example_default: Value = serde_norway::from_str(include_str!(
-            "../../../examples/clusterpackageversion.yaml"
-        ))
-        .unwrap();
+        let example_default: Value =
+            serde_norway::from_str(include_str!("../../../examples/clusterpackageversion.yaml"))
+                .unwrap();
         assert_eq!(
             example_default["spec"]["packages"],
             default[0]["spec"]["packages"]
