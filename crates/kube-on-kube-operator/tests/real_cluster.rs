@@ -39,7 +39,7 @@ use kok_testenv::wait::wait_for;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::{ClusterPhase, ExtraUser, Placement};
+use kube_on_kube_api::cluster::{ClusterPhase, ExposureType, ExtraUser, Placement};
 use serde_json::Value;
 
 /// The label the Production example's placement selects.
@@ -419,6 +419,8 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
         tolerations: vec![],
     });
     cluster.metadata.namespace = Some(ns.clone());
+    // Inside the meta-cluster only at first (the example has a LoadBalancer).
+    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
     let name = cluster.name_any();
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -433,8 +435,8 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
         .create(&PostParams::default(), &cluster)
         .await
         .expect("create cluster");
-    // Running inside the meta-cluster first (ClusterIP, the example's):
-    // nothing to advertise.
+    // Running inside the meta-cluster first (ClusterIP): nothing to
+    // advertise.
     ready_cluster(&clusters, &name, None).await;
     let before = deployments
         .get(&format!("{name}-apiserver"))
