@@ -239,7 +239,7 @@ async fn check_workers_cluster(kubeconfig: &Path) {
         .expect("Machines");
     assert_eq!(names(&machines.items), ["worker-a1"]);
     for m in &machines.items {
-        let phase = m.status.as_ref().and_then(|s| s.phase.clone());
+        let phase = m.status.as_ref().and_then(|s| s.phase);
         assert_eq!(phase, Some(MachinePhase::Ready), "{}", m.name_any());
     }
     let nodes = Api::<Node>::all(ci.clone())
@@ -270,7 +270,7 @@ async fn check_workers_cluster(kubeconfig: &Path) {
         "the example CanaryRelease is applied"
     );
     for c in &canaries.items {
-        let phase = c.status.as_ref().and_then(|s| s.phase.clone());
+        let phase = c.status.as_ref().and_then(|s| s.phase);
         assert!(
             matches!(phase, Some(CanaryPhase::Succeeded | CanaryPhase::Promoted)),
             "CanaryRelease {}: {phase:?}",

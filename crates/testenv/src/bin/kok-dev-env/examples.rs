@@ -519,7 +519,7 @@ pub async fn wait_workers(
                     .and_then(|s| s.conditions.as_ref())
                     .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
             });
-            let phase = status.phase.clone();
+            let phase = status.phase;
             if phase == Some(MachinePhase::Ready) && node_ready {
                 let version = node
                     .and_then(|n| n.status?.node_info.map(|i| i.kubelet_version))
