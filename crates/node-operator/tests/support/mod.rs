@@ -124,8 +124,9 @@ pub fn pack_kubelet(hosts: &TestHosts, file: &str, version: &str) -> String {
     )
 }
 
-/// The examples' PackageVersions (containerd, CNI plugins, kubelet), pointed
-/// at the artifact server with the test packages' real checksums.
+/// The stand-in packages' PackageVersions (`support/packageversions.yaml`:
+/// containerd, CNI plugins, kubelet, shaped like the real ones), pointed at
+/// the artifact server with the test packages' real checksums.
 pub fn package_versions(hosts: &TestHosts) -> Vec<PackageVersion> {
     let containerd = pack(
         hosts,
@@ -143,9 +144,9 @@ pub fn package_versions(hosts: &TestHosts) -> Vec<PackageVersion> {
             .map(|p| (p, script("echo 'CNI plugin v1.8.0'"))),
     );
     let kubelet = pack_kubelet(hosts, "kubelet.tar.gz", "1.35.4");
-    let text = std::fs::read_to_string(examples().join("packageversions.yaml")).unwrap();
+    let text = include_str!("packageversions.yaml");
     let mut out = Vec::new();
-    for doc in serde_norway::Deserializer::from_str(&text) {
+    for doc in serde_norway::Deserializer::from_str(text) {
         let value = serde_norway::Value::deserialize(doc).unwrap();
         let mut pv: PackageVersion = serde_norway::from_value(value).unwrap();
         let (file, sha) = match pv.spec.package.as_str() {
@@ -645,8 +646,8 @@ impl Harness {
         for pv in &package_versions {
             apply(&Api::<PackageVersion>::all(client.clone()), pv).await;
         }
-        let text = std::fs::read_to_string(examples().join("clusterpackageversion.yaml")).unwrap();
-        let cluster_package_version: ClusterPackageVersion = serde_norway::from_str(&text).unwrap();
+        let cluster_package_version: ClusterPackageVersion =
+            serde_norway::from_str(include_str!("clusterpackageversion.yaml")).unwrap();
         apply(
             &Api::<ClusterPackageVersion>::all(client.clone()),
             &cluster_package_version,
