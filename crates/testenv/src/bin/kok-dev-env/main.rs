@@ -140,7 +140,13 @@ async fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
-    let outcome = serve(args, &dir, &chart, &plan, &site, &progress, &mut signals).await;
+    let outcome = match serve(args, &dir, &chart, &plan, &site, &progress, &mut signals).await {
+        Err(e) if e.is::<Stop>() => {
+            progress.say(&format!("{e}: stopping"));
+            Ok(ExitCode::SUCCESS)
+        }
+        other => other.map(|()| ExitCode::SUCCESS),
+    };
     if outcome.is_err() {
         progress.say(&format!(
             "the logs stay in {} (the meta-cluster, and every Pod's under pods/)",
@@ -153,7 +159,8 @@ async fn run(args: &Args) -> anyhow::Result<ExitCode> {
     outcome
 }
 
-/// Installs, applies and waits; then runs until stopped.
+/// Installs, applies and waits; then runs until stopped. A signal ends it
+/// with a [`Stop`] error.
 async fn serve(
     args: &Args,
     dir: &Path,
@@ -162,7 +169,7 @@ async fn serve(
     site: &Site,
     progress: &Progress,
     signals: &mut Signals,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<()> {
     let timeout = Duration::from_secs(args.timeout);
     let meta_kubeconfig = dir.join("meta.kubeconfig");
     kubeconfig::write_private(
@@ -171,27 +178,19 @@ async fn serve(
     )?;
     let meta = site.meta_client().await?;
 
-    match signals
+    signals
         .until(site::helm_install(progress, dir, chart, &meta_kubeconfig))
-        .await
-    {
-        Err(stop) => return Ok(stopped(progress, stop)),
-        Ok(result) => result?,
-    }
+        .await??;
     examples::apply(&meta, "meta-cluster", &plan.templates, progress).await?;
     examples::apply(&meta, "meta-cluster", &plan.clusters, progress).await?;
-    let clusters = match signals
+    let clusters = signals
         .until(examples::wait_clusters(
             &meta,
             &plan.clusters,
             progress,
             timeout,
         ))
-        .await
-    {
-        Err(stop) => return Ok(stopped(progress, stop)),
-        Ok(result) => result?,
-    };
+        .await??;
 
     let mut reachable = Vec::new();
     for cluster in &clusters {
@@ -217,18 +216,14 @@ async fn serve(
         progress,
     )
     .await?;
-    let workers = match signals
+    let workers = signals
         .until(examples::wait_workers(
             &business,
             &filled.machines,
             progress,
             timeout,
         ))
-        .await
-    {
-        Err(stop) => return Ok(stopped(progress, stop)),
-        Ok(result) => result?,
-    };
+        .await??;
     let up_after = progress.elapsed();
     progress.out(&progress::banner(&progress::Banner {
         up_after,
@@ -254,18 +249,14 @@ async fn serve(
             progress,
         )
         .await?;
-        match signals
+        signals
             .until(examples::wait_canaries(
                 &business,
                 &filled.canaries,
                 progress,
                 timeout,
             ))
-            .await
-        {
-            Err(stop) => return Ok(stopped(progress, stop)),
-            Ok(result) => result?,
-        }
+            .await??;
     }
     progress.say(&format!(
         "{CONVERGED} ({:.1}s after the command started)",
@@ -278,18 +269,9 @@ async fn serve(
             secs => tokio::time::sleep(Duration::from_secs(secs)).await,
         }
     };
-    match signals.until(deadline).await {
-        Err(stop) => Ok(stopped(progress, stop)),
-        Ok(()) => {
-            progress.say(&format!("{}s are up (--exit-after)", args.exit_after));
-            Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-fn stopped(progress: &Progress, stop: Stop) -> ExitCode {
-    progress.say(&format!("{}: stopping", stop.0));
-    ExitCode::SUCCESS
+    signals.until(deadline).await?;
+    progress.say(&format!("{}s are up (--exit-after)", args.exit_after));
+    Ok(())
 }
 
 /// The operators' directory, absolute, for the PATH the banner suggests.

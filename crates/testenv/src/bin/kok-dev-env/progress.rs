@@ -44,7 +44,10 @@ impl Progress {
     }
 }
 
-/// The name of the signal that asked to stop.
+/// The name of the signal that asked to stop; an error, so that `?` ends
+/// whatever was waiting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct Stop(pub &'static str);
 
 /// SIGINT and SIGTERM, handled instead of ending the process, so whatever is
