@@ -376,17 +376,8 @@ fn measure(
 /// NaN when it is not found.
 fn node_operator_cpu() -> f64 {
     let ours = std::process::id();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
     let descends = |mut pid: u32| {
-        while let Some(p) = parent(pid).filter(|p| *p > 1) {
+        while let Some(p) = kok_testenv::parent_of(pid).filter(|p| *p > 1) {
             if p == ours {
                 return true;
             }

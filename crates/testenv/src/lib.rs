@@ -19,3 +19,5 @@ pub mod registry;
 mod sys;
 pub mod wait;
 pub mod watchdog;
+
+pub use sys::parent_of;

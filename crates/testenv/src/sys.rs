@@ -75,6 +75,19 @@ pub fn die_with_parent() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
 }
 
+/// The parent of process `pid`, from `/proc/<pid>/stat`; None when it is
+/// gone.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid …; comm may hold spaces and parentheses.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 pub fn parent_pid() -> u32 {
     // SAFETY: getppid cannot fail.
     unsafe { libc::getppid() }.unsigned_abs()

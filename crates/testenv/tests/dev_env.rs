@@ -420,20 +420,10 @@ fn processes(before: &BTreeSet<String>) -> BTreeSet<String> {
         .filter_map(|p| p.split(' ').next()?.parse().ok())
         .collect();
     let me = std::process::id();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // pid (comm) state ppid …; comm may hold spaces and parentheses.
-        stat.rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
     let started_by_earlier = |pid: u32| {
         let mut at = pid;
         for _ in 0..64 {
-            match parent(at) {
+            match kok_testenv::parent_of(at) {
                 Some(p) if p > 1 && (earlier.contains(&p) || p == me) => return true,
                 Some(p) if p > 1 => at = p,
                 _ => return false,
