@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use kok_common::client::ClientArgs;
 use kube::Client;
 use kube_on_kube_api::canary::CanaryAction;
-use kube_on_kube_api::cluster::ClusterMode;
+use kube_on_kube_api::cluster::{ClusterMode, ExposureType};
 
 use crate::cluster::{self, CreateArgs};
 use crate::error::Error;
@@ -70,6 +70,11 @@ enum ClusterCommand {
         /// the file's; else emptyDir for Minimal, 10Gi for Production).
         #[arg(long)]
         etcd_storage: Option<String>,
+        /// Service type of the API's external endpoint: LoadBalancer,
+        /// NodePort or ClusterIP (default: the file's, else LoadBalancer, so
+        /// that kubelets and users outside the meta-cluster reach it).
+        #[arg(long, value_parser = parse_exposure)]
+        expose: Option<ExposureType>,
         /// Start from this Cluster manifest (YAML or JSON); NAME, the namespace
         /// and the flags above override its values.
         #[arg(long, short = 'f')]
@@ -119,6 +124,15 @@ enum ClusterCommand {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+}
+
+fn parse_exposure(text: &str) -> Result<ExposureType, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "loadbalancer" => Ok(ExposureType::LoadBalancer),
+        "nodeport" => Ok(ExposureType::NodePort),
+        "clusterip" => Ok(ExposureType::ClusterIP),
+        _ => Err(format!("{text:?}: use LoadBalancer, NodePort or ClusterIP")),
+    }
 }
 
 fn parse_mode(text: &str) -> Result<ClusterMode, String> {
@@ -182,6 +196,7 @@ impl Cli {
                     version,
                     mode,
                     etcd_storage,
+                    expose,
                     from,
                     wait,
                     timeout,
@@ -190,6 +205,7 @@ impl Cli {
                         version,
                         mode,
                         etcd_storage,
+                        expose,
                         from: from.as_deref().map(cluster::read_manifest).transpose()?,
                     };
                     cluster::create(client, &namespace, &name, &args, wait.then_some(timeout)).await
@@ -266,6 +282,8 @@ mod tests {
             "c1",
             "--mode",
             "minimal",
+            "--expose",
+            "nodeport",
             "--wait",
             "--timeout",
             "20s",
@@ -276,12 +294,14 @@ mod tests {
             Command::Cluster(ClusterCommand::Create {
                 name,
                 mode,
+                expose,
                 wait,
                 timeout,
                 ..
             }) => {
                 assert_eq!(name, "c1");
                 assert_eq!(mode, Some(ClusterMode::Minimal));
+                assert_eq!(expose, Some(ExposureType::NodePort));
                 assert!(wait);
                 assert_eq!(timeout, Duration::from_secs(20));
             }

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::ClusterMode;
+use kube_on_kube_api::cluster::{ClusterMode, ExposureType};
 use kube_on_kube_api::shared::CLUSTER_LABEL;
 use serde::de::DeserializeOwned;
 
@@ -35,6 +35,8 @@ pub struct CreateArgs {
     pub mode: Option<ClusterMode>,
     /// `emptyDir` or a claim size such as `10Gi`; overrides the file's.
     pub etcd_storage: Option<String>,
+    /// Service type of the API's external endpoint; overrides the file's.
+    pub expose: Option<ExposureType>,
     /// A Cluster manifest to start from.
     pub from: Option<Cluster>,
 }
@@ -45,7 +47,10 @@ pub const DEFAULT_VERSION: &str = "1.35.4";
 /// The Cluster `create` sends: the file's (or a minimal one), named `name` in
 /// `namespace`, with the flags applied on top. Without a file and without
 /// `--etcd-storage`, a Minimal cluster keeps etcd on `emptyDir` (throw-away, as
-/// CI wants) and a Production one gets a 10Gi claim per member.
+/// CI wants) and a Production one gets a 10Gi claim per member; without a
+/// file and without `--expose`, the API is exposed through a LoadBalancer
+/// Service, since kubelets and users outside the meta-cluster cannot reach a
+/// ClusterIP (the CRD's default, for Clusters whose file names DNS names).
 pub fn build(name: &str, namespace: &str, args: &CreateArgs) -> Result<Cluster, Error> {
     let mut cluster = match &args.from {
         Some(c) => c.clone(),
@@ -61,6 +66,7 @@ pub fn build(name: &str, namespace: &str, args: &CreateArgs) -> Result<Cluster, 
             let spec = serde_json::json!({
                 "version": args.version.clone().unwrap_or_else(|| DEFAULT_VERSION.into()),
                 "etcd": {"storage": etcd_storage(&storage)?},
+                "apiServer": {"external": {"type": ExposureType::LoadBalancer}},
             });
             Cluster::new(
                 name,
@@ -78,6 +84,12 @@ pub fn build(name: &str, namespace: &str, args: &CreateArgs) -> Result<Cluster, 
     }
     if let Some(m) = args.mode {
         cluster.spec.mode = m;
+    }
+    if let Some(t) = args.expose {
+        cluster.spec.api_server.external.type_ = t;
+        if t != ExposureType::NodePort {
+            cluster.spec.api_server.external.node_port = None;
+        }
     }
     if let (Some(s), Some(_)) = (&args.etcd_storage, &args.from) {
         cluster.spec.etcd.storage =
@@ -525,6 +537,31 @@ mod tests {
             .and_then(|r| r.get("storage").cloned())
             .expect("size");
         assert_eq!(size.0, "10Gi");
+        assert_eq!(c.spec.api_server.external.type_, ExposureType::LoadBalancer);
+    }
+
+    #[test]
+    fn expose_overrides_the_file_and_drops_a_node_port_it_no_longer_fits() {
+        let mut from: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+                .expect("example");
+        from.spec.api_server.external.type_ = ExposureType::NodePort;
+        from.spec.api_server.external.node_port = Some(31443);
+        let kept = CreateArgs {
+            from: Some(from.clone()),
+            ..Default::default()
+        };
+        let c = build("a", "ns", &kept).expect("build");
+        assert_eq!(c.spec.api_server.external.type_, ExposureType::NodePort);
+        assert_eq!(c.spec.api_server.external.node_port, Some(31443));
+        let args = CreateArgs {
+            expose: Some(ExposureType::ClusterIP),
+            from: Some(from),
+            ..Default::default()
+        };
+        let c = build("b", "ns", &args).expect("build");
+        assert_eq!(c.spec.api_server.external.type_, ExposureType::ClusterIP);
+        assert_eq!(c.spec.api_server.external.node_port, None);
     }
 
     #[test]
@@ -536,6 +573,7 @@ mod tests {
             version: Some("1.35.9".into()),
             mode: Some(ClusterMode::Minimal),
             etcd_storage: Some("emptyDir".into()),
+            expose: None,
             from: Some(from.clone()),
         };
         let c = build("other", "ns", &args).expect("build");
