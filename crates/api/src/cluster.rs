@@ -272,7 +272,10 @@ pub struct ExternalAccess {
     #[schemars(length(max = 16), inner(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN)))]
     pub dns_names: Vec<String>,
     /// IP addresses users and kubelets use for the API (added to the serving
-    /// certificate), for example a load balancer's address.
+    /// certificate), for example a load balancer's address. The first is the
+    /// address the API advertises (the business cluster's `kubernetes`
+    /// Service); with type LoadBalancer it is requested from the load
+    /// balancer (`spec.loadBalancerIP`), so reserve it in its pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), inner(length(min = 2, max = 45)))]
     #[x_kube(validation = Rule::new("self.all(a, isIP(a))").message("every external address must be an IPv4 or IPv6 address"))]

@@ -396,8 +396,9 @@ pub fn apiserver_external_service(cluster: &Cluster, names: &Names) -> Service {
     let mut ports = vec![api_port(external.port, external.node_port)];
     // The `kubernetes` Service's endpoint carries kube-apiserver's secure
     // port (no flag changes it): a load balancer on another port serves
-    // that one too, so the advertised endpoint answers.
-    if advertises_ingress(cluster) && external.port != API_PORT {
+    // that one too, so the advertised endpoint (its address, given or
+    // requested) answers.
+    if external.type_ == ExposureType::LoadBalancer && external.port != API_PORT {
         ports.push(ServicePort {
             name: Some(ADVERTISED_PORT_NAME.into()),
             ..api_port(API_PORT, None)
@@ -411,6 +412,14 @@ pub fn apiserver_external_service(cluster: &Cluster, names: &Names) -> Service {
             type_: Some(type_.into()),
             ports: Some(ports),
             external_ips: None,
+            // The address the spec names is the one the API is advertised
+            // and certified at: ask the load balancer for it, as MetalLB,
+            // kube-vip and most clouds honour. Without it, whatever address
+            // the load balancer gives is advertised once it is known.
+            load_balancer_ip: match external.type_ {
+                ExposureType::LoadBalancer => external.addresses.first().cloned(),
+                _ => None,
+            },
             ..Default::default()
         },
     )
@@ -712,16 +721,19 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let to_api = Some(IntOrString::Int(API_PORT));
-        assert_eq!(
-            ports(ExposureType::LoadBalancer, 443, &[]),
-            [
-                ("https".to_string(), 443, to_api.clone()),
-                ("advertised".to_string(), API_PORT, to_api.clone())
-            ]
-        );
+        // Given or requested, the load balancer's address is advertised.
+        for addresses in [&[][..], &["192.0.2.10"][..]] {
+            assert_eq!(
+                ports(ExposureType::LoadBalancer, 443, addresses),
+                [
+                    ("https".to_string(), 443, to_api.clone()),
+                    ("advertised".to_string(), API_PORT, to_api.clone())
+                ],
+                "{addresses:?}"
+            );
+        }
         for (type_, port, addresses) in [
             (ExposureType::LoadBalancer, API_PORT, &[][..]),
-            (ExposureType::LoadBalancer, 443, &["192.0.2.10"][..]),
             (ExposureType::NodePort, 443, &[][..]),
         ] {
             assert_eq!(
@@ -762,6 +774,11 @@ mod tests {
         let n = Names::new(&c, "cluster.local");
         let svc = apiserver_external_service(&c, &n).spec.expect("spec");
         assert_eq!(svc.type_.as_deref(), Some("LoadBalancer"));
+        assert_eq!(
+            svc.load_balancer_ip,
+            c.spec.api_server.external.addresses.first().cloned(),
+            "the load balancer is asked for the address the API is advertised at"
+        );
         assert_eq!(
             svc.ports.expect("ports")[0].target_port,
             Some(IntOrString::Int(API_PORT))
