@@ -1,7 +1,9 @@
 //! A load balancer for the test meta-cluster, doing what MetalLB and
 //! kube-proxy do on a bare-metal one: every Service of type LoadBalancer
 //! (without a `loadBalancerClass`) gets an IPv4 address from a /24 that
-//! nothing else on the machine uses, the machine owns that address (see
+//! nothing else on the machine uses (the one its `spec.loadBalancerIP` asks
+//! for, or none while that is outside the /24 or taken), the machine owns
+//! that address (see
 //! [`pool`]), `status.loadBalancer.ingress[0].ip` says it, and TCP
 //! connections to `<address>:<port>` are forwarded to the Service's ready
 //! endpoints (see [`backends`]), following them as they change. The address
@@ -256,9 +258,28 @@ impl Balancer {
             }
         }
         for (uid, (svc, ports)) in served {
+            // `spec.loadBalancerIP`, as MetalLB honours it: that address or
+            // none, and a changed request moves the Service.
+            let requested: Option<Ipv4Addr> = svc
+                .spec
+                .as_ref()
+                .and_then(|s| s.load_balancer_ip.as_deref())
+                .filter(|ip| !ip.is_empty())
+                .and_then(|ip| ip.parse().ok());
+            if let (Some(r), Some(a)) = (requested, self.assigned.get(&uid))
+                && a.ip != r
+            {
+                if let Some(moved) = self.assigned.remove(&uid) {
+                    self.pool.release(moved.ip);
+                }
+            }
             if !self.assigned.contains_key(&uid) {
                 let wanted = ingress_ips(svc).first().and_then(|ip| ip.parse().ok());
-                match self.pool.take(wanted) {
+                let taken = match requested {
+                    Some(r) => self.pool.take_exact(r),
+                    None => self.pool.take(wanted),
+                };
+                match taken {
                     Ok(ip) => {
                         tracing::info!(service = %format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any()), %ip, "load-balancer address given");
                         self.assigned.insert(
@@ -273,6 +294,9 @@ impl Balancer {
                     }
                     Err(e) => {
                         tracing::warn!(service = %svc.name_any(), error = %e, "no load-balancer address");
+                        if !ingress_ips(svc).is_empty() {
+                            self.write_status(svc, None).await;
+                        }
                         continue;
                     }
                 }

@@ -301,12 +301,7 @@ async fn a_load_balancer_service_gets_an_address_of_the_machine_that_follows_its
         Duration::from_secs(30),
         async || {
             let svc = services.get("echo").await.ok()?;
-            let ingress = svc
-                .status
-                .and_then(|s| s.load_balancer)
-                .and_then(|lb| lb.ingress)
-                .unwrap_or_default();
-            (ingress.is_empty() && released(ip).await).then_some(())
+            (ingress_of(&svc).is_empty() && released(ip).await).then_some(())
         },
     )
     .await;
@@ -322,6 +317,46 @@ async fn a_load_balancer_service_gets_an_address_of_the_machine_that_follows_its
         .expect("to LoadBalancer");
     let again = wait_for_ingress(&services, "echo", Duration::from_secs(30)).await;
     follows(&pods, again, 1).await;
+
+    // spec.loadBalancerIP: the Service moves to the address it asks for...
+    let requested: Ipv4Addr = format!("{}200", lb.network().trim_end_matches("0/24"))
+        .parse()
+        .expect("an address of the pool");
+    let ask = |ip: String| {
+        let services = services.clone();
+        async move {
+            services
+                .patch(
+                    "echo",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"loadBalancerIP": ip}})),
+                )
+                .await
+                .expect("ask for an address")
+        }
+    };
+    ask(requested.to_string()).await;
+    wait_for(
+        "the Service to move to the address it asks for",
+        Duration::from_secs(30),
+        async || {
+            let svc = services.get("echo").await.ok()?;
+            (ingress_of(&svc) == [requested.to_string()] && released(again).await).then_some(())
+        },
+    )
+    .await;
+    follows(&pods, requested, 1).await;
+    // ...and gets none while it asks for one outside the pool.
+    ask("192.0.2.10".into()).await;
+    wait_for(
+        "the Service to lose its address",
+        Duration::from_secs(30),
+        async || {
+            let svc = services.get("echo").await.ok()?;
+            (ingress_of(&svc).is_empty() && released(requested).await).then_some(())
+        },
+    )
+    .await;
     services
         .delete("echo", &DeleteParams::default())
         .await
@@ -351,4 +386,14 @@ async fn a_stopped_load_balancer_leaves_no_interface_behind() {
         .expect("ip link");
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(&format!(" {interface}:")), "{links}");
+}
+
+/// `status.loadBalancer.ingress[*].ip` of `svc`.
+fn ingress_of(svc: &Service) -> Vec<String> {
+    svc.status
+        .iter()
+        .flat_map(|s| s.load_balancer.iter())
+        .flat_map(|lb| lb.ingress.iter().flatten())
+        .filter_map(|i| i.ip.clone())
+        .collect()
 }

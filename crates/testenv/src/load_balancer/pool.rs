@@ -155,6 +155,23 @@ impl Pool {
         Ok(addr)
     }
 
+    /// Gives out exactly `addr`, as a load balancer does for a Service's
+    /// `spec.loadBalancerIP`: an error when it is outside the pool or
+    /// given to another Service.
+    pub fn take_exact(&mut self, addr: Ipv4Addr) -> Result<Ipv4Addr, NetError> {
+        let refused = |why: String| NetError {
+            args: String::new(),
+            message: format!("the requested address {addr} {why}"),
+        };
+        if !self.contains(addr) {
+            return Err(refused(format!("is outside {}", self.network())));
+        }
+        if self.used[addr.octets()[3] as usize] {
+            return Err(refused("is taken (or reserved)".into()));
+        }
+        self.take(Some(addr))
+    }
+
     /// Takes `addr` off the interface and frees it.
     pub fn release(&mut self, addr: Ipv4Addr) {
         let _ = ip(&["addr", "del", &format!("{addr}/32"), "dev", &self.interface]);
