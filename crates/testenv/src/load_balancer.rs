@@ -266,12 +266,10 @@ impl Balancer {
                 .and_then(|s| s.load_balancer_ip.as_deref())
                 .filter(|ip| !ip.is_empty())
                 .and_then(|ip| ip.parse().ok());
-            if let (Some(r), Some(a)) = (requested, self.assigned.get(&uid))
-                && a.ip != r
+            if requested.is_some_and(|r| self.assigned.get(&uid).is_some_and(|a| a.ip != r))
+                && let Some(moved) = self.assigned.remove(&uid)
             {
-                if let Some(moved) = self.assigned.remove(&uid) {
-                    self.pool.release(moved.ip);
-                }
+                self.pool.release(moved.ip);
             }
             if !self.assigned.contains_key(&uid) {
                 let wanted = ingress_ips(svc).first().and_then(|ip| ip.parse().ok());
