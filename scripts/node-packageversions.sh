@@ -112,6 +112,7 @@ spec:
         clusterDNS: [{{ clusterDNS | yaml }}]
         clusterDomain: {{ clusterDomain | yaml }}
         rotateCertificates: true
+        serverTLSBootstrap: true
         registerWithTaints: {{ registerTaints | yaml }}
         kubeReserved: {{ kubeReserved | yaml }}
         systemReserved: {{ systemReserved | yaml }}

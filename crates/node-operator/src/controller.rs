@@ -374,8 +374,9 @@ pub async fn run_with(
     let controllers = async {
         futures::join!(
             machines(&client, concurrency, &ctx, store.clone(), for_machines),
-            crate::cpv::run(client.clone(), store, for_cpv),
+            crate::cpv::run(client.clone(), store.clone(), for_cpv),
             crate::canary::run(client.clone(), for_canary),
+            crate::serving_certs::run(client.clone(), store),
         );
     };
     // The watch runs for as long as the controllers do: they stop on

@@ -16,6 +16,7 @@ pub mod paths;
 pub mod redact;
 pub mod repair;
 pub mod rollout;
+pub mod serving_certs;
 pub mod sessions;
 pub mod ssh;
 
