@@ -13,6 +13,8 @@
 #   docker.io/cloudnativelabs/kube-router:v2.1.0
 #                                            github.com/cloudnativelabs/kube-router/v2 on a Debian
 #                                            rootfs with iptables, ipset, iproute2, kmod, conntrack
+#   registry.k8s.io/metrics-server/metrics-server:v0.7.2
+#                                            sigs.k8s.io/metrics-server (the example add-on template)
 #
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
@@ -49,6 +51,8 @@ COREDNS_VERSION=${COREDNS_VERSION:-v1.12.1}
 # The version the kube-router add-on template uses (the newest the Go module
 # proxy serves).
 KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
+# The version examples/addon-template-metrics-server.yaml uses.
+METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.7.2}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -65,7 +69,8 @@ for v in $PAUSE_VERSIONS; do wanted+=("registry.k8s.io/pause:$v"); done
 wanted+=("registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION"
   "registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
   "registry.k8s.io/kube-proxy:$K8S_VERSION"
-  "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")
+  "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION"
+  "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")
 
 marker() { echo "$done_dir/$(echo "$1" | tr '/:' '__')"; }
 have_all() {
@@ -313,6 +318,26 @@ build_kube_router() {
     -- "$dir/layers/kube-router-base.tar" "$dir/layers/kube-router-$KUBE_ROUTER_VERSION.tar"
 }
 
+# --- metrics-server -------------------------------------------------------------
+# Upstream's: the static binary as /metrics-server on distroless static, run
+# as nobody (65534, its Dockerfile); it writes its self-signed serving certificate to
+# --cert-dir (the template's /tmp, an emptyDir).
+build_metrics_server() {
+  local stage="$dir/src/metrics-server" pkg=k8s.io/client-go/pkg/version
+  rm -rf "$stage" && mkdir -p "$stage/root/etc/ssl/certs" "$stage/root/tmp"
+  chmod 1777 "$stage/root/tmp"
+  go_install metrics-server "-s -w -X $pkg.gitVersion=$METRICS_SERVER_VERSION -X $pkg.gitCommit=0000000000000000000000000000000000000000 -X $pkg.buildDate=1970-01-01T00:00:00Z" \
+    "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
+  cp "$dir/bin/metrics-server" "$stage/root/metrics-server"
+  [ -f /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt "$stage/root/etc/ssl/certs/"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$stage/root/etc/passwd"
+  printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' >"$stage/root/etc/group"
+  layer "$dir/layers/metrics-server-$METRICS_SERVER_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION" \
+    --entrypoint /metrics-server --user 65534:65534 --exposed-ports 10250/tcp \
+    -- "$dir/layers/metrics-server-$METRICS_SERVER_VERSION.tar"
+}
+
 for v in $PAUSE_VERSIONS; do
   [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
 done
@@ -320,6 +345,7 @@ done
 [ -s "$(marker "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION")" ] || timed agnhost build_agnhost
 [ -s "$(marker "registry.k8s.io/kube-proxy:$K8S_VERSION")" ] || timed kube-proxy build_kube_proxy
 [ -s "$(marker "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")" ] || timed kube-router build_kube_router
+[ -s "$(marker "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")" ] || timed metrics-server build_metrics_server
 
 have_all || die "some images are missing"
 for i in "${wanted[@]}"; do echo "$i@$(cat "$(marker "$i")")"; done >"$dir/images.txt"
