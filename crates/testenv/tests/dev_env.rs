@@ -1,10 +1,13 @@
 //! `kok-dev-env` as `scripts/dev-env.sh` runs it, checked the way a user
 //! would: every example converges (both Clusters Ready, their
-//! node-operators running, the example Machine a Ready worker with real
-//! PackageVersions, the example CanaryRelease succeeded on it), the
-//! operators run from the Helm chart under its ServiceAccounts, the business
-//! clusters answer at the kubeconfigs the banner names, a Pod started with
-//! kubectl runs on the worker, and Ctrl-C stops everything and leaves no
+//! node-operators running, the example Machine a Ready worker of each with
+//! real PackageVersions, the example CanaryRelease succeeded on it, every
+//! add-on Pod running), the operators run from the Helm chart under its
+//! ServiceAccounts, the commands the banner prints work as printed (a Pod
+//! started with kubectl runs on a worker; `kubectl kok cluster kubeconfig`
+//! gives a kubeconfig that reaches the cluster; a cluster made with
+//! `kubectl kok cluster create demo --wait` gets the spare host as its
+//! worker and runs a Pod), and Ctrl-C stops everything and leaves no
 //! process, network interface, network namespace, mount or cgroup behind.
 
 use std::collections::BTreeSet;
@@ -13,7 +16,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
@@ -35,6 +39,8 @@ const API_CALL: Duration = Duration::from_secs(30);
 
 const BANNER: &str = "kube-on-kube dev environment is up";
 const CONVERGED: &str = "every example converged";
+/// The banner's heading of the commands that make a cluster of one's own.
+const SPARE_HEADING: &str = "A cluster of your own";
 /// The version the example CanaryRelease upgrades the kubelet to.
 const CANARY_KUBELET: &str = "v1.35.8";
 
@@ -43,7 +49,7 @@ async fn the_first_command_runs_every_example_on_real_workers_and_stops_clean() 
     let program = Path::new(env!("CARGO_BIN_EXE_kok-dev-env"));
     // Cargo builds this package's binaries for its tests, not other packages'.
     let operators_dir = program.parent().expect("the binary is in a directory");
-    for operator in ["kube-on-kube-operator", "node-operator"] {
+    for operator in ["kube-on-kube-operator", "node-operator", "kubectl-kok"] {
         assert!(
             operators_dir.join(operator).is_file(),
             "{} is missing: build the operators first with `cargo build --workspace --bins` \
@@ -117,23 +123,51 @@ async fn the_first_command_runs_every_example_on_real_workers_and_stops_clean() 
         .find(|l| l.contains(BANNER))
         .expect("the banner comes before convergence");
     assert!(
-        banner.contains("has 1 Ready worker"),
-        "the banner counts the worker: {banner}"
+        banner.contains("2 Ready workers in business clusters"),
+        "the banner counts the workers: {banner}"
     );
 
     check_meta_cluster(&dir.path().join("meta.kubeconfig")).await;
-    check_workers_cluster(&dir.path().join("ci.kubeconfig")).await;
-    // The Production example's endpoint names a DNS name of its site; its
-    // kubeconfig here reaches it through the load balancer all the same.
-    let prod = client(&dir.path().join("prod-east.kubeconfig")).await;
-    timeout(
-        API_CALL,
-        Api::<Namespace>::all(prod).list(&ListParams::default()),
+    for cluster in ["ci", "prod-east"] {
+        check_workers_cluster(&dir.path().join(format!("{cluster}.kubeconfig"))).await;
+    }
+
+    // What the banner tells the user to try, run as printed.
+    let work = tempfile::tempdir().expect("temporary directory");
+    let tried = banner_commands(&output, "Try:");
+    assert!(
+        tried.iter().any(|c| c.contains(" run hello "))
+            && tried
+                .iter()
+                .any(|c| c.contains("cluster kubeconfig ci > ci.kubeconfig")),
+        "{tried:#?}"
+    );
+    run_commands(&tried, work.path(), Duration::from_secs(120)).await;
+    pod_runs(&dir.path().join("ci.kubeconfig"), "hello").await;
+    let demo = banner_commands(&output, SPARE_HEADING);
+    assert!(
+        demo.iter()
+            .any(|c| c.contains("kubectl kok") && c.contains("cluster create demo --wait")),
+        "{demo:#?}"
+    );
+    let demo_started = Instant::now();
+    run_commands(
+        &[&tried[..1], &demo[..]].concat(),
+        work.path(),
+        Duration::from_secs(900),
     )
-    .await
-    .expect("in time")
-    .expect("the Production cluster answers at its kubeconfig");
-    run_a_pod(&dir.path().join("ci.kubeconfig")).await;
+    .await;
+    println!(
+        "cluster demo made, its worker Ready and a Pod running on it {:.1}s after `cluster create`",
+        demo_started.elapsed().as_secs_f64()
+    );
+    let demo = work.path().join("demo.kubeconfig");
+    pod_runs(&demo, "hello").await;
+    let nodes = Api::<Node>::all(client(&demo).await)
+        .list(&ListParams::default())
+        .await
+        .expect("the demo cluster's Nodes");
+    assert_eq!(names(&nodes.items), ["spare-0"]);
 
     // Ctrl-C, as in the terminal.
     // SAFETY: plain system call on our own child, not reaped yet.
@@ -277,6 +311,43 @@ async fn check_workers_cluster(kubeconfig: &Path) {
             c.name_any()
         );
     }
+    let pods = Api::<Pod>::all(ci.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("Pods");
+    assert!(!pods.items.is_empty(), "the add-ons run Pods");
+    for pod in &pods.items {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        assert!(
+            matches!(phase.as_deref(), Some("Running" | "Succeeded")),
+            "Pod {}/{} is {phase:?}",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any()
+        );
+    }
+    // The kubelet serves with a certificate of the cluster's CA, which the
+    // node-operator approved (metrics-server, ready above, verifies it).
+    let csrs = Api::<CertificateSigningRequest>::all(ci.clone())
+        .list(&ListParams::default().fields("spec.signerName=kubernetes.io/kubelet-serving"))
+        .await
+        .expect("CertificateSigningRequests");
+    assert!(
+        !csrs.items.is_empty(),
+        "the kubelet asks for its serving certificate"
+    );
+    for csr in &csrs.items {
+        let status = csr.status.clone().unwrap_or_default();
+        let approved = status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Approved" && c.status == "True");
+        assert!(
+            approved && status.certificate.is_some(),
+            "CSR {} approved and signed",
+            csr.name_any()
+        );
+    }
     let pvs = Api::<PackageVersion>::all(ci)
         .list(&ListParams::default())
         .await
@@ -293,37 +364,62 @@ async fn check_workers_cluster(kubeconfig: &Path) {
     }
 }
 
-/// `kubectl run` in the workers' cluster gives a running Pod.
-async fn run_a_pod(kubeconfig: &Path) {
-    let kubectl = kok_testenv::bins::bin("kubectl").expect("kubectl");
-    let out = Command::new(kubectl)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args([
-            "run",
-            "hello",
-            "--image=registry.k8s.io/e2e-test-images/agnhost:2.59",
-            "--",
-            "netexec",
-        ])
-        .output()
-        .await
-        .expect("kubectl run");
-    assert!(
-        out.status.success(),
-        "kubectl run: {}",
+/// The commands the banner lists under the line `heading` (up to the
+/// next blank line), without their indentation.
+fn banner_commands(output: &[String], heading: &str) -> Vec<String> {
+    let at = output
+        .iter()
+        .position(|l| l.starts_with(heading))
+        .unwrap_or_else(|| panic!("the banner has no {heading:?} section:\n{}", tail(output)));
+    output[at + 1..]
+        .iter()
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+/// Runs `commands` in one shell in `dir`, stopping at the first that fails.
+async fn run_commands(commands: &[String], dir: &Path, limit: Duration) {
+    let script = format!("set -euo pipefail\nset -x\n{}\n", commands.join("\n"));
+    let out = timeout(
+        limit,
+        Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("not done after {limit:?}:\n{script}"))
+    .expect("bash");
+    println!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        out.status.success(),
+        "{script}failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits until Pod `name` in the default namespace runs.
+async fn pod_runs(kubeconfig: &Path, name: &str) {
     let pods = Api::<Pod>::namespaced(client(kubeconfig).await, "default");
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let pod = pods.get("hello").await.expect("the Pod");
+        let pod = pods.get(name).await.expect("the Pod");
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
         if phase.as_deref() == Some("Running") {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "Pod hello not Running: {:?}",
+            "Pod {name} not Running: {:?}",
             pod.status
         );
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -10,6 +10,8 @@
 //!   cgroup root inside the host's subtree of the machine's cgroups, disk
 //!   eviction thresholds for a disk shared with the machine);
 //! - the Secret a Machine names for its SSH key: the key the hosts accept;
+//! - a Cluster exposed by a LoadBalancer at an address it names: an
+//!   address of the environment's load balancer instead;
 //! - a PackageVersion: the one of the same name that
 //!   `scripts/node-packageversions.sh` prints for the test hosts (artifact
 //!   URLs on this machine's artifact server with their real checksums, the
@@ -21,7 +23,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{self, ApiCapabilities, ApiResource, Scope};
 use kube::{Client, Resource as _};
@@ -32,7 +34,7 @@ use kube_on_kube_api::{CanaryRelease, Cluster, Machine};
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use kok_testenv::hosts::TestHosts;
+use kok_testenv::hosts::TestHost;
 use kok_testenv::node_software;
 
 use crate::progress::{Progress, report_change};
@@ -104,8 +106,9 @@ pub struct Plan {
     /// the meta-cluster.
     pub templates: Vec<Document>,
     pub clusters: Vec<Document>,
-    /// `namespace/name` of the Cluster that gets the rest.
-    pub workers_cluster: String,
+    /// `namespace/name` of each Cluster that gets the rest, on hosts of its
+    /// own.
+    pub workers_clusters: Vec<String>,
     business: Vec<Document>,
 }
 
@@ -120,8 +123,9 @@ pub struct Filled {
 
 impl Plan {
     /// Every document of every `*.yaml`/`*.yml` file in `dir`, in file name
-    /// order; `workers_cluster` must be one of its Clusters.
-    pub fn load(dir: &Path, workers_cluster: &str) -> anyhow::Result<Plan> {
+    /// order; each of `workers_clusters` must be one of its Clusters (none:
+    /// every one).
+    pub fn load(dir: &Path, workers_clusters: &[String]) -> anyhow::Result<Plan> {
         let documents = load(dir)?;
         let (meta, business): (Vec<_>, Vec<_>) = documents.into_iter().partition(belongs_to_meta);
         // Add-on templates first: the Clusters that enable them look them up.
@@ -137,21 +141,58 @@ impl Plan {
                 )
             })
             .collect();
-        if !keys.iter().any(|k| k == workers_cluster) {
-            bail!(
-                "--workers-cluster {workers_cluster} is none of the example Clusters ({})",
-                keys.join(", ")
-            );
+        for chosen in workers_clusters {
+            if !keys.contains(chosen) {
+                bail!(
+                    "--workers-cluster {chosen} is none of the example Clusters ({})",
+                    keys.join(", ")
+                );
+            }
         }
         Ok(Plan {
             templates,
             clusters,
-            workers_cluster: workers_cluster.to_owned(),
+            workers_clusters: if workers_clusters.is_empty() {
+                keys
+            } else {
+                workers_clusters.to_vec()
+            },
             business,
         })
     }
 
-    /// How many test hosts the examples need: one per Machine.
+    /// The example Clusters for this site: a Cluster exposed by a
+    /// LoadBalancer that names its address (`apiServer.external.addresses`,
+    /// the Production example's documentation address 192.0.2.10) gets one
+    /// of `pool` (the load balancer's `10.212.X.0/24`) in its place, from
+    /// .200 on, as a user puts in an address reserved in their load
+    /// balancer's pool.
+    pub fn clusters_for(&self, pool: &str) -> anyhow::Result<Vec<Document>> {
+        let prefix = pool
+            .strip_suffix("0/24")
+            .with_context(|| format!("the load balancer's pool {pool} is no /24"))?;
+        let mut next = 200;
+        let mut clusters = Vec::new();
+        for doc in &self.clusters {
+            let mut v = doc.value()?;
+            let load_balanced =
+                v.pointer("/spec/apiServer/external/type") == Some(&Value::from("LoadBalancer"));
+            if load_balanced
+                && let Some(first) = v
+                    .pointer_mut("/spec/apiServer/external/addresses")
+                    .and_then(Value::as_array_mut)
+                    .and_then(|a| a.first_mut())
+            {
+                *first = format!("{prefix}{next}").into();
+                next += 1;
+            }
+            clusters.push(doc.with_value(v)?);
+        }
+        Ok(clusters)
+    }
+
+    /// How many test hosts the examples need in one workers cluster: one
+    /// per Machine.
     pub fn machines(&self) -> usize {
         self.business
             .iter()
@@ -159,80 +200,133 @@ impl Plan {
             .count()
     }
 
-    /// The business documents filled in for `hosts` and the environment's
-    /// PackageVersions (`package_versions`, YAML).
-    pub fn fill_in(&self, hosts: &TestHosts, package_versions: &str) -> anyhow::Result<Filled> {
-        let served = served_package_versions(package_versions)?;
-        // The Secrets the Machines log in with.
-        let key_refs: BTreeSet<(String, String, String)> = self
+    /// The business documents filled in for `hosts` (one per Machine, in
+    /// file order), the key they accept (`private_key`, PEM) and the
+    /// environment's PackageVersions (`package_versions`, YAML).
+    pub fn fill_in(
+        &self,
+        hosts: &[TestHost],
+        private_key: &str,
+        package_versions: &str,
+    ) -> anyhow::Result<Filled> {
+        fill_in(&self.business, hosts, private_key, package_versions)
+    }
+
+    /// What a cluster of the user's own needs to get `hosts` as workers, as
+    /// one YAML file to apply to it: the example key Secret,
+    /// PackageVersions and ClusterPackageVersion, and for each host a copy
+    /// of the first example Machine named `spare-<i>`, all filled in as
+    /// [`Plan::fill_in`] does; no CanaryRelease.
+    pub fn spare_kit(
+        &self,
+        hosts: &[TestHost],
+        private_key: &str,
+        package_versions: &str,
+    ) -> anyhow::Result<(String, Vec<String>)> {
+        let template = self
             .business
             .iter()
-            .filter(|d| d.is_ours("Machine"))
-            .map(|d| {
-                let v = d.value()?;
-                let r = &v["spec"]["ssh"]["privateKeySecretRef"];
-                Ok((
-                    r["namespace"].as_str().unwrap_or("default").to_owned(),
-                    r["name"].as_str().unwrap_or_default().to_owned(),
-                    r["key"].as_str().unwrap_or("ssh-privatekey").to_owned(),
-                ))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let mut machines = hosts.hosts().iter();
-        let mut filled = Filled {
-            business: Vec::new(),
-            canaries: Vec::new(),
-            machines: Vec::new(),
-        };
-        for doc in &self.business {
-            let mut v = doc.value()?;
-            if doc.is_ours("Machine") {
-                let host = machines.next().context("fewer test hosts than Machines")?;
-                node_software::fill_in_machine(&mut v, host);
-                filled.machines.push(doc.name().to_owned());
-            } else if doc.is_ours("PackageVersion") {
-                let Some(spec) = served.get(doc.name()) else {
-                    bail!(
-                        "{}: PackageVersion {} is none the environment serves ({}); \
-                         scripts/node-packageversions.sh prints those",
-                        doc.file,
-                        doc.name(),
-                        served.keys().cloned().collect::<Vec<_>>().join(", ")
-                    );
-                };
-                v["spec"] = spec.clone();
-            } else if doc.is_ours("CanaryRelease") {
-                filled.canaries.push(doc.clone());
-                continue;
-            } else if doc.kind() == "Secret" {
-                let namespace = doc
-                    .object
-                    .metadata
-                    .namespace
-                    .as_deref()
-                    .unwrap_or("default");
-                if let Some((_, _, key)) = key_refs
-                    .iter()
-                    .find(|(ns, name, _)| ns == namespace && name == doc.name())
-                {
-                    if let Some(data) = v["data"].as_object_mut() {
-                        data.remove(key);
-                    }
-                    v["stringData"][key] = hosts.client_private_key_pem().into();
-                }
-            }
-            filled.business.push(doc.with_value(v)?);
+            .find(|d| d.is_ours("Machine"))
+            .context("the examples hold no Machine to copy for the spare hosts")?;
+        let mut documents: Vec<Document> = self
+            .business
+            .iter()
+            .filter(|d| !d.is_ours("Machine") && !d.is_ours("CanaryRelease"))
+            .cloned()
+            .collect();
+        for i in 0..hosts.len() {
+            let mut v = template.value()?;
+            let name = format!("spare-{i}");
+            v["metadata"]["name"] = name.clone().into();
+            v["spec"]["hostname"] = name.into();
+            documents.push(template.with_value(v)?);
         }
-        // What a Machine needs exists before it: no Machine starts out
-        // failing for a missing key or PackageVersion.
-        filled.business.sort_by_key(|d| match d.kind() {
-            "PackageVersion" => 1,
-            "ClusterPackageVersion" => 2,
-            "Machine" => 3,
-            _ => 0,
-        });
-        Ok(filled)
+        let filled = fill_in(&documents, hosts, private_key, package_versions)?;
+        let mut yaml = String::new();
+        for doc in &filled.business {
+            yaml += "---\n";
+            yaml += &serde_norway::to_string(&doc.object)?;
+        }
+        Ok((yaml, filled.machines))
     }
+}
+
+/// [`Plan::fill_in`] of `business`.
+fn fill_in(
+    business: &[Document],
+    hosts: &[TestHost],
+    private_key: &str,
+    package_versions: &str,
+) -> anyhow::Result<Filled> {
+    let served = served_package_versions(package_versions)?;
+    // The Secrets the Machines log in with.
+    let key_refs: BTreeSet<(String, String, String)> = business
+        .iter()
+        .filter(|d| d.is_ours("Machine"))
+        .map(|d| {
+            let v = d.value()?;
+            let r = &v["spec"]["ssh"]["privateKeySecretRef"];
+            Ok((
+                r["namespace"].as_str().unwrap_or("default").to_owned(),
+                r["name"].as_str().unwrap_or_default().to_owned(),
+                r["key"].as_str().unwrap_or("ssh-privatekey").to_owned(),
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut machines = hosts.iter();
+    let mut filled = Filled {
+        business: Vec::new(),
+        canaries: Vec::new(),
+        machines: Vec::new(),
+    };
+    for doc in business {
+        let mut v = doc.value()?;
+        if doc.is_ours("Machine") {
+            let host = machines.next().context("fewer test hosts than Machines")?;
+            node_software::fill_in_machine(&mut v, host);
+            filled.machines.push(doc.name().to_owned());
+        } else if doc.is_ours("PackageVersion") {
+            let Some(spec) = served.get(doc.name()) else {
+                bail!(
+                    "{}: PackageVersion {} is none the environment serves ({}); \
+                     scripts/node-packageversions.sh prints those",
+                    doc.file,
+                    doc.name(),
+                    served.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
+            };
+            v["spec"] = spec.clone();
+        } else if doc.is_ours("CanaryRelease") {
+            filled.canaries.push(doc.clone());
+            continue;
+        } else if doc.kind() == "Secret" {
+            let namespace = doc
+                .object
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or("default");
+            if let Some((_, _, key)) = key_refs
+                .iter()
+                .find(|(ns, name, _)| ns == namespace && name == doc.name())
+            {
+                if let Some(data) = v["data"].as_object_mut() {
+                    data.remove(key);
+                }
+                v["stringData"][key] = private_key.into();
+            }
+        }
+        filled.business.push(doc.with_value(v)?);
+    }
+    // What a Machine needs exists before it: no Machine starts out
+    // failing for a missing key or PackageVersion.
+    filled.business.sort_by_key(|d| match d.kind() {
+        "PackageVersion" => 1,
+        "ClusterPackageVersion" => 2,
+        "Machine" => 3,
+        _ => 0,
+    });
+    Ok(filled)
 }
 
 /// The PackageVersions' specs by name.
@@ -493,58 +587,77 @@ pub async fn wait_clusters(
     .await
 }
 
-/// Waits until every Machine is Ready and its Node Ready; returns each
-/// Node's name and kubelet version.
+/// A business cluster that gets workers: where to reach it and what it gets.
+pub struct Workers {
+    /// `namespace/name` of its Cluster.
+    pub key: String,
+    pub client: Client,
+    pub filled: Filled,
+}
+
+/// A Ready worker.
+pub struct Worker {
+    /// `namespace/name` of its Cluster.
+    pub cluster: String,
+    pub node: String,
+    pub kubelet: String,
+}
+
+/// Waits until every Machine of every cluster is Ready and its Node Ready.
 pub async fn wait_workers(
-    business: &Client,
-    machines: &[String],
+    clusters: &[Workers],
     progress: &Progress,
     timeout: Duration,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let api = Api::<Machine>::all(business.clone());
-    let nodes = Api::<Node>::all(business.clone());
+) -> anyhow::Result<Vec<Worker>> {
     wait(progress, "the workers are not Ready", timeout, async || {
         let mut ready = Vec::new();
         let mut waiting = Vec::new();
-        for name in machines {
-            let m = api.get(name).await?;
-            let status = m.status.clone().unwrap_or_default();
-            let node = match &status.node_name {
-                Some(node) => nodes.get_opt(node).await?,
-                None => None,
-            };
-            let node_ready = node.as_ref().is_some_and(|n| {
-                n.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            });
-            let phase = status.phase;
-            if phase == Some(MachinePhase::Ready) && node_ready {
-                let version = node
-                    .and_then(|n| n.status?.node_info.map(|i| i.kubelet_version))
-                    .unwrap_or_default();
-                ready.push((
-                    m.status.and_then(|s| s.node_name).unwrap_or_default(),
-                    version,
-                ));
-            } else {
-                // The newest condition says what it is doing.
-                let doing = status
-                    .conditions
-                    .iter()
-                    .max_by_key(|c| c.last_transition_time.0)
-                    .map(|c| format!(": {} {}", c.type_, c.message))
-                    .unwrap_or_default();
-                waiting.push(format!(
-                    "Machine {name} {}{}{doing}",
-                    phase.map_or("Pending".to_owned(), |p| format!("{p:?}")),
-                    if node.is_some() && !node_ready {
-                        ", Node not Ready"
-                    } else {
-                        ""
-                    }
-                ));
+        for cluster in clusters {
+            let api = Api::<Machine>::all(cluster.client.clone());
+            let nodes = Api::<Node>::all(cluster.client.clone());
+            for name in &cluster.filled.machines {
+                let m = api.get(name).await?;
+                let status = m.status.clone().unwrap_or_default();
+                let node = match &status.node_name {
+                    Some(node) => nodes.get_opt(node).await?,
+                    None => None,
+                };
+                let node_ready = node.as_ref().is_some_and(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                });
+                let phase = status.phase;
+                if phase == Some(MachinePhase::Ready) && node_ready {
+                    ready.push(Worker {
+                        cluster: cluster.key.clone(),
+                        node: status.node_name.clone().unwrap_or_default(),
+                        kubelet: node
+                            .and_then(|n| n.status?.node_info.map(|i| i.kubelet_version))
+                            .unwrap_or_default(),
+                    });
+                } else {
+                    // The newest condition says what it is doing.
+                    let doing = status
+                        .conditions
+                        .iter()
+                        .max_by_key(|c| c.last_transition_time.0)
+                        .map(|c| format!(": {} {}", c.type_, c.message))
+                        .unwrap_or_default();
+                    waiting.push(format!(
+                        "{} Machine {name} {}{}{doing}",
+                        cluster.key,
+                        phase.map_or("Pending".to_owned(), |p| format!("{p:?}")),
+                        if node.is_some() && !node_ready {
+                            ", Node not Ready"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
             }
         }
         Ok(if waiting.is_empty() {
@@ -556,38 +669,98 @@ pub async fn wait_workers(
     .await
 }
 
-/// Waits until every CanaryRelease has succeeded; an error as soon as one
-/// halts or rolls back.
-pub async fn wait_canaries(
-    business: &Client,
-    canaries: &[Document],
+/// Waits until every Pod of every cluster (the add-ons: kube-proxy, the
+/// pod network, CoreDNS, the example add-ons) runs and is ready, or has
+/// completed: none is left Pending on a cluster that has workers.
+pub async fn wait_pods(
+    clusters: &[Workers],
     progress: &Progress,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let api = Api::<CanaryRelease>::all(business.clone());
-    let names: Vec<String> = canaries.iter().map(|c| c.name().to_owned()).collect();
+    wait(progress, "the Pods are not ready", timeout, async || {
+        let mut waiting = Vec::new();
+        for cluster in clusters {
+            let pods = Api::<Pod>::all(cluster.client.clone())
+                .list(&Default::default())
+                .await?;
+            for pod in pods.items {
+                let status = pod.status.clone().unwrap_or_default();
+                let phase = status.phase.clone().unwrap_or_else(|| "Pending".into());
+                let ready = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                match phase.as_str() {
+                    "Succeeded" => {}
+                    "Running" if ready => {}
+                    "Failed" => bail!(
+                        "{} Pod {}/{} Failed: {}",
+                        cluster.key,
+                        pod.metadata.namespace.as_deref().unwrap_or_default(),
+                        pod.metadata.name.as_deref().unwrap_or_default(),
+                        status.message.unwrap_or_default()
+                    ),
+                    _ => waiting.push(format!(
+                        "{} Pod {}/{} {phase}{}",
+                        cluster.key,
+                        pod.metadata.namespace.as_deref().unwrap_or_default(),
+                        pod.metadata.name.as_deref().unwrap_or_default(),
+                        if phase == "Running" {
+                            " (not ready)"
+                        } else {
+                            ""
+                        }
+                    )),
+                }
+            }
+        }
+        Ok(if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(waiting.join("; "))
+        })
+    })
+    .await
+}
+
+/// Waits until every CanaryRelease of every cluster has succeeded; an error
+/// as soon as one halts or rolls back.
+pub async fn wait_canaries(
+    clusters: &[Workers],
+    progress: &Progress,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     wait(
         progress,
         "the CanaryReleases have not succeeded",
         timeout,
         async || {
             let mut waiting = Vec::new();
-            for name in &names {
-                let c = api.get(name).await?;
-                let status = c.status.clone().unwrap_or_default();
-                match status.phase {
-                    Some(CanaryPhase::Succeeded | CanaryPhase::Promoted) => {}
-                    Some(
-                        phase @ (CanaryPhase::Halted
-                        | CanaryPhase::RollingBack
-                        | CanaryPhase::RolledBack),
-                    ) => bail!("CanaryRelease {name} is {phase:?}: {:?}", status.conditions),
-                    phase => waiting.push(format!(
-                        "CanaryRelease {name} {}: {} of {} Machines succeeded",
-                        phase.map_or("Pending".to_owned(), |p| format!("{p:?}")),
-                        status.succeeded,
-                        status.machines.len()
-                    )),
+            for cluster in clusters {
+                let api = Api::<CanaryRelease>::all(cluster.client.clone());
+                for canary in &cluster.filled.canaries {
+                    let name = canary.name();
+                    let key = &cluster.key;
+                    let c = api.get(name).await?;
+                    let status = c.status.clone().unwrap_or_default();
+                    match status.phase {
+                        Some(CanaryPhase::Succeeded | CanaryPhase::Promoted) => {}
+                        Some(
+                            phase @ (CanaryPhase::Halted
+                            | CanaryPhase::RollingBack
+                            | CanaryPhase::RolledBack),
+                        ) => bail!(
+                            "{key} CanaryRelease {name} is {phase:?}: {:?}",
+                            status.conditions
+                        ),
+                        phase => waiting.push(format!(
+                            "{key} CanaryRelease {name} {}: {} of {} Machines succeeded",
+                            phase.map_or("Pending".to_owned(), |p| format!("{p:?}")),
+                            status.succeeded,
+                            status.machines.len()
+                        )),
+                    }
                 }
             }
             Ok(if waiting.is_empty() {

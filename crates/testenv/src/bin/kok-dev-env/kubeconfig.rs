@@ -22,6 +22,10 @@ pub struct Reachable {
     /// How the machine reaches it, when through the meta-cluster's load
     /// balancer; None for a Cluster exposed inside the meta-cluster only.
     pub through_load_balancer: Option<String>,
+    /// `(address, name)` when the endpoint names a host the machine does not
+    /// resolve and the load balancer answers for it at `address`: what the
+    /// site's DNS would hold.
+    pub dns_entry: Option<(String, String)>,
 }
 
 /// Writes a file readable by the owner only: kubeconfigs hold admin keys.
@@ -73,6 +77,7 @@ pub async fn for_cluster(
         serde_norway::from_slice(&text).with_context(|| format!("the kubeconfig of {key}"))?;
     let endpoint = status.endpoint.clone().unwrap_or_default();
     let mut through = None;
+    let mut dns_entry = None;
     let mut server = endpoint.clone();
     if cluster.spec.api_server.external.type_ == ExposureType::LoadBalancer {
         let service = format!("{name}-apiserver-external");
@@ -99,6 +104,10 @@ pub async fn for_cluster(
                         c["cluster"]["tls-server-name"] = host.clone().into();
                     }
                 }
+                dns_entry = host
+                    .clone()
+                    .filter(|h| h.parse::<std::net::IpAddr>().is_err())
+                    .map(|h| (ip.clone(), h));
                 through = Some(format!(
                     "at the load balancer's address {ip}: its endpoint {endpoint} is not in this \
                      machine's DNS (the certificate is checked against {})",
@@ -115,6 +124,7 @@ pub async fn for_cluster(
         server,
         path,
         through_load_balancer: through,
+        dns_entry,
     })
 }
 

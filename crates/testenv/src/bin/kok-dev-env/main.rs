@@ -31,15 +31,19 @@ use site::Site;
 ///    (`helm upgrade --install`, its ServiceAccounts and RBAC; the chart's
 ///    images stand for the operator binaries built from this repository);
 /// 3. the example Clusters applied and waited for until Ready;
-/// 4. one SSH test host per example Machine, an OCI registry with the node
-///    images and an artifact server with the node software, all built from
-///    upstream sources; the example Machines, their key Secret and the
-///    example PackageVersions filled in for them (host address and pinned
-///    key, artifact URLs on this machine with their real checksums) and
-///    applied to one business cluster (--workers-cluster), whose workers
-///    then turn Ready;
+/// 4. one SSH test host per example Machine and business cluster, an OCI
+///    registry with the node images and an artifact server with the node
+///    software, all built from upstream sources; the example Machines, their
+///    key Secret and the example PackageVersions filled in for them (host
+///    address and pinned key, artifact URLs on this machine with their real
+///    checksums) and applied to every example Cluster (or those named by
+///    --workers-cluster), whose workers then turn Ready and run every
+///    add-on Pod;
 /// 5. the example CanaryReleases applied once the workers are Ready and
-///    followed until they succeed.
+///    followed until they succeed;
+/// 6. --spare-hosts more test hosts, for a cluster of the user's own
+///    (`kubectl kok cluster create demo --wait`): spare-workers.yaml in
+///    --dir holds what to apply to it to get them as workers.
 ///
 /// Kubeconfigs of the meta-cluster and of every business cluster go to
 /// --dir; a business cluster exposed by a LoadBalancer is reachable from
@@ -55,8 +59,8 @@ struct Args {
     #[arg(long, env = "KOK_DEV_DIR", default_value = ".kok-dev")]
     dir: PathBuf,
     /// Directory whose *.yaml and *.yml files are applied with server-side
-    /// apply: Cluster objects to the meta-cluster, everything else to the
-    /// business cluster named by --workers-cluster.
+    /// apply: Cluster objects and add-on templates to the meta-cluster,
+    /// everything else to each business cluster that gets workers.
     #[arg(long, env = "KOK_DEV_EXAMPLES", default_value = "examples")]
     examples: PathBuf,
     /// The Helm chart the operators are installed with.
@@ -67,11 +71,21 @@ struct Args {
     /// commands the banner suggests).
     #[arg(long, env = "KOK_DEV_OPERATORS_DIR", default_value = "target/debug")]
     operators_dir: PathBuf,
-    /// The example Cluster (NAMESPACE/NAME) that gets the example Machines,
-    /// PackageVersions and CanaryReleases. It must be reachable from the
-    /// hosts, so exposed by a LoadBalancer.
-    #[arg(long, env = "KOK_DEV_WORKERS_CLUSTER", default_value = "default/ci")]
-    workers_cluster: String,
+    /// An example Cluster (NAMESPACE/NAME) that gets the example Machines,
+    /// PackageVersions and CanaryReleases, on test hosts of its own;
+    /// repeat it or separate with commas (default: every example Cluster).
+    /// Each must be reachable from the hosts, so exposed by a LoadBalancer.
+    #[arg(long, env = "KOK_DEV_WORKERS_CLUSTER", value_delimiter = ',')]
+    workers_cluster: Vec<String>,
+    /// Test hosts started for a cluster of your own; spare-workers.yaml in
+    /// --dir turns them into its workers (Machines spare-0, spare-1, ...).
+    #[arg(
+        long,
+        env = "KOK_DEV_SPARE_HOSTS",
+        default_value_t = 1,
+        value_name = "COUNT"
+    )]
+    spare_hosts: usize,
     /// Give up when the examples have not converged after this many seconds.
     #[arg(
         long,
@@ -132,7 +146,11 @@ async fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = std::fs::canonicalize(&args.dir)?;
 
-    let site = match Site::start(&progress, &mut signals, &operators, plan.machines()) {
+    let hosts = plan.machines() * plan.workers_clusters.len() + args.spare_hosts;
+    if hosts > 200 {
+        bail!("{hosts} test hosts are more than this machine runs; lower --spare-hosts");
+    }
+    let site = match Site::start(&progress, &mut signals, &operators, hosts) {
         Ok(Some(site)) => site,
         Ok(None) => {
             progress.say("stopped before everything was up; nothing is left running");
@@ -182,57 +200,84 @@ async fn serve(
         .until(site::helm_install(progress, dir, chart, &meta_kubeconfig))
         .await??;
     examples::apply(&meta, "meta-cluster", &plan.templates, progress).await?;
-    examples::apply(&meta, "meta-cluster", &plan.clusters, progress).await?;
+    let pool = site
+        .runner
+        .load_balancer()
+        .context("the Pod runner has no load balancer")?
+        .network();
+    let clusters = plan.clusters_for(pool)?;
+    examples::apply(&meta, "meta-cluster", &clusters, progress).await?;
     let clusters = signals
-        .until(examples::wait_clusters(
-            &meta,
-            &plan.clusters,
-            progress,
-            timeout,
-        ))
+        .until(examples::wait_clusters(&meta, &clusters, progress, timeout))
         .await??;
 
     let mut reachable = Vec::new();
     for cluster in &clusters {
         reachable.push(kubeconfig::for_cluster(&meta, cluster, dir).await?);
     }
-    let workers_cluster = reachable
+    let names: Vec<(String, String)> = reachable
         .iter()
-        .find(|c| c.key == plan.workers_cluster)
-        .context("the workers cluster has no kubeconfig")?;
-    if workers_cluster.through_load_balancer.is_none() {
-        bail!(
-            "Cluster {} is not exposed by a LoadBalancer (spec.apiServer.external.type), \
-             so the worker hosts cannot reach its API; pick another with --workers-cluster",
-            plan.workers_cluster
-        );
+        .filter_map(|c| c.dns_entry.clone())
+        .collect();
+    if !names.is_empty() {
+        site::publish_dns(progress, &site.hosts, &names)?;
     }
-    let business = kubeconfig::client(&workers_cluster.path).await?;
-    let filled = plan.fill_in(&site.hosts, &site.package_versions)?;
-    examples::apply(
-        &business,
-        &format!("business cluster {}", plan.workers_cluster),
-        &filled.business,
-        progress,
-    )
-    .await?;
-    let workers = signals
-        .until(examples::wait_workers(
-            &business,
-            &filled.machines,
-            progress,
-            timeout,
-        ))
+
+    let hosts = site.hosts.hosts();
+    let per_cluster = plan.machines();
+    let private_key = site.hosts.client_private_key_pem();
+    let mut workers = Vec::new();
+    for (i, key) in plan.workers_clusters.iter().enumerate() {
+        let cluster = reachable
+            .iter()
+            .find(|c| &c.key == key)
+            .with_context(|| format!("Cluster {key} has no kubeconfig"))?;
+        if cluster.through_load_balancer.is_none() {
+            bail!(
+                "Cluster {key} is not exposed by a LoadBalancer (spec.apiServer.external.type), \
+                 so the worker hosts cannot reach its API; leave it out of --workers-cluster"
+            );
+        }
+        let client = kubeconfig::client(&cluster.path).await?;
+        let filled = plan.fill_in(
+            &hosts[i * per_cluster..(i + 1) * per_cluster],
+            &private_key,
+            &site.package_versions,
+        )?;
+        let shown = format!("business cluster {key}");
+        examples::apply(&client, &shown, &filled.business, progress).await?;
+        workers.push(examples::Workers {
+            key: key.clone(),
+            client,
+            filled,
+        });
+    }
+    let spare_hosts = &hosts[plan.workers_clusters.len() * per_cluster..];
+    let spare = if spare_hosts.is_empty() {
+        None
+    } else {
+        let (yaml, machines) = plan.spare_kit(spare_hosts, &private_key, &site.package_versions)?;
+        let path = dir.join("spare-workers.yaml");
+        // It holds the hosts' private key.
+        kubeconfig::write_private(&path, yaml.as_bytes())?;
+        Some(progress::Spare { path, machines })
+    };
+
+    let ready = signals
+        .until(examples::wait_workers(&workers, progress, timeout))
         .await??;
     let up_after = progress.elapsed();
+    signals
+        .until(examples::wait_pods(&workers, progress, timeout))
+        .await??;
     progress.out(&progress::banner(&progress::Banner {
         up_after,
         dir,
         meta_url: site.env.api_url(),
         meta_kubeconfig: &meta_kubeconfig,
         clusters: &reachable,
-        workers_cluster: &plan.workers_cluster,
-        workers: &workers,
+        workers: &ready,
+        spare: spare.as_ref(),
         hosts: &site.hosts,
         registry: site.registry.url(),
         operators: &operators_path(args),
@@ -241,21 +286,21 @@ async fn serve(
         exit_after: args.exit_after,
     }));
 
-    if !filled.canaries.is_empty() {
-        examples::apply(
-            &business,
-            &format!("business cluster {}", plan.workers_cluster),
-            &filled.canaries,
-            progress,
-        )
-        .await?;
+    let mut canaries = false;
+    for w in &workers {
+        if !w.filled.canaries.is_empty() {
+            let shown = format!("business cluster {}", w.key);
+            examples::apply(&w.client, &shown, &w.filled.canaries, progress).await?;
+            canaries = true;
+        }
+    }
+    if canaries {
         signals
-            .until(examples::wait_canaries(
-                &business,
-                &filled.canaries,
-                progress,
-                timeout,
-            ))
+            .until(examples::wait_canaries(&workers, progress, timeout))
+            .await??;
+        // The upgrade drained the workers: their Pods come back.
+        signals
+            .until(examples::wait_pods(&workers, progress, timeout))
             .await??;
     }
     progress.say(&format!(

@@ -2,7 +2,7 @@
 //! that stop the environment.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -12,7 +12,14 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use kok_testenv::bins;
 use kok_testenv::hosts::TestHosts;
 
+use crate::examples::Worker;
 use crate::kubeconfig::Reachable;
+
+/// The workload image the banner's commands run (from the local registry).
+const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
+
+/// The banner's heading of the commands that make a cluster of one's own.
+pub const SPARE_HEADING: &str = "A cluster of your own, with the spare host as its worker";
 
 /// Timed lines of this program's own.
 pub struct Progress {
@@ -96,15 +103,22 @@ pub fn report_change(progress: &Progress, last: &mut String, line: String) {
     }
 }
 
+/// The spare hosts and the file that makes them a cluster's workers.
+pub struct Spare {
+    pub path: PathBuf,
+    /// Names of its Machines.
+    pub machines: Vec<String>,
+}
+
 pub struct Banner<'a> {
     pub up_after: Duration,
     pub dir: &'a Path,
     pub meta_url: &'a str,
     pub meta_kubeconfig: &'a Path,
     pub clusters: &'a [Reachable],
-    pub workers_cluster: &'a str,
-    /// `(node, kubelet version)` of every Ready worker.
-    pub workers: &'a [(String, String)],
+    /// Every Ready worker.
+    pub workers: &'a [Worker],
+    pub spare: Option<&'a Spare>,
     pub hosts: &'a TestHosts,
     /// The OCI registry's URL, mirror of the upstream registries for the
     /// hosts.
@@ -117,12 +131,15 @@ pub struct Banner<'a> {
 
 /// What runs and what to try, printed once the workers are Ready.
 pub fn banner(b: &Banner<'_>) -> String {
+    let mut with_workers: Vec<&str> = b.workers.iter().map(|w| w.cluster.as_str()).collect();
+    with_workers.dedup();
     let mut text = format!(
-        "\nkube-on-kube dev environment is up: business cluster {} has {} Ready worker{} \
+        "\nkube-on-kube dev environment is up: {} Ready worker{} in business cluster{} {}, \
          {:.1}s after the command started.\n\n",
-        b.workers_cluster,
         b.workers.len(),
         if b.workers.len() == 1 { "" } else { "s" },
+        if with_workers.len() == 1 { "" } else { "s" },
+        with_workers.join(" and "),
         b.up_after.as_secs_f64()
     );
     text += &format!(
@@ -139,10 +156,8 @@ pub fn banner(b: &Banner<'_>) -> String {
                 text += "    reached     inside the meta-cluster only (spec.apiServer.external.type is ClusterIP)\n";
             }
         }
-        if c.key == b.workers_cluster {
-            for (node, version) in b.workers {
-                text += &format!("    worker      {node} Ready, kubelet {version}\n");
-            }
+        for w in b.workers.iter().filter(|w| w.cluster == c.key) {
+            text += &format!("    worker      {} Ready, kubelet {}\n", w.node, w.kubelet);
         }
         text += "\n";
     }
@@ -164,34 +179,56 @@ pub fn banner(b: &Banner<'_>) -> String {
     let kubectl_dir = bins::bin_dir()
         .map(|d| d.display().to_string())
         .unwrap_or_default();
-    let workers = b
+    let first = b
         .clusters
         .iter()
-        .find(|c| c.key == b.workers_cluster)
-        .map(|c| c.path.display().to_string())
-        .unwrap_or_default();
+        .find(|c| b.workers.iter().any(|w| w.cluster == c.key));
     let meta = b.meta_kubeconfig.display();
-    let name = b
-        .workers_cluster
-        .rsplit('/')
-        .next()
-        .unwrap_or(b.workers_cluster);
-    let namespace = b.workers_cluster.split('/').next().unwrap_or("default");
     text += &format!(
         "\nTry:\n\
-         \x20 export PATH={operators}:{kubectl_dir}:$PATH\n\
-         \x20 kubectl --kubeconfig {workers} get nodes -o wide\n\
-         \x20 kubectl --kubeconfig {workers} run hello --image=registry.k8s.io/e2e-test-images/agnhost:2.59 -- netexec\n\
-         \x20 kubectl --kubeconfig {workers} get kok\n\
-         \x20 kubectl --kubeconfig {meta} get clusters -A\n\
-         \x20 kubectl kok --kubeconfig {meta} -n {namespace} cluster kubeconfig {name} > {name}.kubeconfig\n\
-         \n\
+         \x20 export PATH={operators}:{kubectl_dir}:$PATH\n",
+        operators = b.operators.display(),
+    );
+    if let Some(c) = first {
+        let workers = c.path.display();
+        let (namespace, name) = c.key.split_once('/').unwrap_or(("default", &c.key));
+        text += &format!(
+            "\x20 kubectl --kubeconfig {workers} get nodes -o wide\n\
+             \x20 kubectl --kubeconfig {workers} run hello --image={AGNHOST} -- netexec\n\
+             \x20 kubectl --kubeconfig {workers} get kok\n\
+             \x20 kubectl --kubeconfig {meta} get clusters -A\n\
+             \x20 kubectl kok --kubeconfig {meta} -n {namespace} cluster kubeconfig {name} > {name}.kubeconfig\n\
+             \x20 kubectl --kubeconfig {name}.kubeconfig get nodes\n",
+        );
+    }
+    if let Some(spare) = b.spare {
+        let first = spare
+            .machines
+            .first()
+            .map(String::as_str)
+            .unwrap_or("spare-0");
+        text += &format!(
+            "\n{SPARE_HEADING} ({} spare host{}, Machine{} {}):\n\
+             \x20 kubectl kok --kubeconfig {meta} cluster create demo --wait\n\
+             \x20 kubectl kok --kubeconfig {meta} cluster kubeconfig demo > demo.kubeconfig\n\
+             \x20 kubectl --kubeconfig demo.kubeconfig apply -f {kit}\n\
+             \x20 kubectl --kubeconfig demo.kubeconfig wait --for=condition=Ready machine/{first} --timeout=10m\n\
+             \x20 kubectl --kubeconfig demo.kubeconfig run hello --image={AGNHOST} -- netexec\n\
+             \x20 kubectl --kubeconfig demo.kubeconfig wait --for=condition=Ready pod/hello --timeout=5m\n",
+            spare.machines.len(),
+            if spare.machines.len() == 1 { "" } else { "s" },
+            if spare.machines.len() == 1 { "" } else { "s" },
+            spare.machines.join(", "),
+            kit = spare.path.display(),
+        );
+    }
+    text += &format!(
+        "\n\
          Files: kubeconfigs and helm's own in {files}\n\
          Logs:  Pods of the meta-cluster (operators, control planes) {pod_logs}\n\
          \x20      meta-cluster {meta_logs}; test hosts under {dir}\n\n\
          {stop}\n\n",
         files = b.dir.display(),
-        operators = b.operators.display(),
         pod_logs = b.pod_logs.display(),
         meta_logs = b.meta_logs.display(),
         dir = b

@@ -148,6 +148,48 @@ impl Site {
     }
 }
 
+/// Adds `address name` lines to every test host's `/etc/hosts`: what the
+/// site's DNS would answer for the business clusters' endpoint names (the
+/// Production example's `api.prod-east.example.com`), so that kubelets and
+/// host-network Pods reach the API at the name its certificate holds.
+pub fn publish_dns(
+    progress: &Progress,
+    hosts: &TestHosts,
+    entries: &[(String, String)],
+) -> anyhow::Result<()> {
+    let mut lines = String::new();
+    for (address, name) in entries {
+        let address: std::net::IpAddr = address
+            .parse()
+            .with_context(|| format!("the load balancer's address {address:?} for {name}"))?;
+        let valid_name = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !valid_name {
+            bail!("the endpoint host {name:?} is not a DNS name");
+        }
+        lines += &format!("{address} {name}\n");
+    }
+    for host in hosts.hosts() {
+        let out = host.ssh(&format!("printf '%s' '{lines}' >> /etc/hosts"));
+        if !out.status.success() {
+            bail!(
+                "adding the endpoint names to /etc/hosts on {}: {}",
+                host.name(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    for (address, name) in entries {
+        progress.say(&format!(
+            "the test hosts resolve {name} to {address} (/etc/hosts, as the site's DNS would)"
+        ));
+    }
+    Ok(())
+}
+
 /// `helm upgrade --install` of the chart into the meta-cluster, waiting until
 /// both operators' Deployments are available. helm keeps its cache and
 /// configuration under `dir`, away from the user's.
