@@ -6,13 +6,18 @@
 # versioned names (kube-apiserver-v1.35.3, etcd-v3.6.15, …), so that upgrades
 # can be tested from one real release to the next. With --kubelet-next it also
 # builds the kubelet's next patch release (kubelet-v1.35.8), the version worker
-# nodes are upgraded to; scripts/node-artifacts.sh asks for it.
+# nodes are upgraded to; scripts/node-artifacts.sh asks for it. With --e2e it
+# also builds the upstream end-to-end suite of the pinned release (e2e.test,
+# `go test -c k8s.io/kubernetes/test/e2e` through the same wrapper module) and
+# the ginkgo CLI of the version that release requires, which runs it in
+# parallel as Sonobuoy does.
 #
 # Idempotent: when every binary for the pinned versions is already in the cache,
 # it prints the directory and exits without building.
 #
 #   scripts/testenv-bins.sh          # build if needed, print the bin directory
 #   scripts/testenv-bins.sh --kubelet-next   # also the next kubelet release
+#   scripts/testenv-bins.sh --e2e            # also e2e.test and ginkgo
 #   KOK_TESTENV_DIR=/some/dir scripts/testenv-bins.sh
 set -euo pipefail
 
@@ -34,10 +39,14 @@ wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl et
   "kube-apiserver-$K8S_FROM_VERSION" "kube-controller-manager-$K8S_FROM_VERSION"
   "kube-scheduler-$K8S_FROM_VERSION" "etcd-$ETCD_FROM_VERSION")
 kubelet_next=no
-if [ "${1:-}" = --kubelet-next ]; then
-  kubelet_next=yes
-  wanted+=("kubelet-$KUBELET_NEXT_VERSION")
-fi
+e2e=no
+for arg in "$@"; do
+  case $arg in
+    --kubelet-next) kubelet_next=yes; wanted+=("kubelet-$KUBELET_NEXT_VERSION") ;;
+    --e2e) e2e=yes; wanted+=(e2e.test ginkgo) ;;
+    *) echo "unknown argument $arg (--kubelet-next, --e2e)" >&2; exit 2 ;;
+  esac
+done
 
 have_all() {
   local b
@@ -56,6 +65,26 @@ log() { echo "[testenv-bins] $*" >&2; }
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
 
 # --- Kubernetes -------------------------------------------------------------
+# wrapper_module version dir module-name: a go.mod in dir that requires
+# k8s.io/kubernetes@version and replaces each of its staging modules with the
+# published v0.x release of the same patch.
+wrapper_module() {
+  local version=$1 src=$2 name=$3 staging="v0.${1#v1.}" gomod
+  mkdir -p "$src"
+  log "reading the staging module list of k8s.io/kubernetes@$version"
+  gomod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo "module $name"
+    echo
+    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
+    echo
+    echo "require k8s.io/kubernetes $version"
+    echo
+    grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/' "$gomod" \
+      | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
+  } >"$src/go.mod"
+}
+
 # k8s.io/kubernetes uses replace directives for its staging modules, which `go
 # install` refuses. A wrapper module requires it and replaces every staging module
 # with its published v0.x release of the same patch.
@@ -66,21 +95,8 @@ build_kubernetes() { # version suffix commands...
     [ -x "$bin/$b$suffix" ] || need=1
   done
   [ $need = 1 ] || return 0
-  local src="$dir/src/kubernetes-$version" staging="v0.${version#v1.}"
-  mkdir -p "$src"
-  log "reading the staging module list of k8s.io/kubernetes@$version"
-  local gomod
-  gomod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  {
-    echo "module kube-on-kube.test/k8s-bins"
-    echo
-    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
-    echo
-    echo "require k8s.io/kubernetes $version"
-    echo
-    grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/' "$gomod" \
-      | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
-  } >"$src/go.mod"
+  local src="$dir/src/kubernetes-$version"
+  wrapper_module "$version" "$src" kube-on-kube.test/k8s-bins
   cat >"$src/tools.go" <<'GO'
 //go:build tools
 
@@ -154,6 +170,43 @@ GO
   fi
 }
 
+# --- the e2e suite ------------------------------------------------------------
+# e2e.test of the pinned release, unmodified, and the ginkgo CLI at the version
+# its go.mod requires. Version information as the release's own build sets it
+# (the suite reports it and compares it with the server's).
+build_e2e() { # version
+  local version=$1 src="$dir/src/e2e-$1"
+  if [ ! -x "$bin/e2e.test" ]; then
+    wrapper_module "$version" "$src" kube-on-kube.test/k8s-e2e
+    cat >"$src/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "github.com/onsi/ginkgo/v2/ginkgo"
+	_ "k8s.io/kubernetes/test/e2e"
+)
+GO
+    (cd "$src" && go mod tidy >&2)
+    local pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version p
+    local minor=${version#v1.}; minor=${minor%%.*}
+    local ld="-s -w"
+    for p in $pkg $cg; do
+      ld="$ld -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+      ld="$ld -X $p.gitTreeState=clean -X $p.gitCommit=0000000000000000000000000000000000000000"
+    done
+    log "building e2e.test $version"
+    (cd "$src" && go test -c -trimpath -ldflags "$ld" -o "$bin/e2e.test.tmp" k8s.io/kubernetes/test/e2e \
+      && mv "$bin/e2e.test.tmp" "$bin/e2e.test")
+  fi
+  if [ ! -x "$bin/ginkgo" ]; then
+    [ -f "$src/go.mod" ] || { echo "no $src/go.mod: remove $bin/e2e.test and run again" >&2; exit 1; }
+    log "building ginkgo"
+    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo)
+  fi
+}
+
 build_install() { # name module-path version
   [ -x "$bin/$1" ] && return 0
   log "building $1 $3"
@@ -167,6 +220,7 @@ build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 build_kubernetes "$K8S_VERSION" "" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
 build_kubernetes "$K8S_FROM_VERSION" "-$K8S_FROM_VERSION" kube-apiserver kube-controller-manager kube-scheduler
 [ $kubelet_next = no ] || build_kubernetes "$KUBELET_NEXT_VERSION" "-$KUBELET_NEXT_VERSION" kubelet
+[ $e2e = no ] || build_e2e "$K8S_VERSION"
 
 have_all || { echo "some binaries are missing in $bin" >&2; exit 1; }
 took=$(( $(date +%s) - start ))
