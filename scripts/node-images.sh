@@ -16,6 +16,16 @@
 #   registry.k8s.io/metrics-server/metrics-server:v0.7.2
 #                                            sigs.k8s.io/metrics-server (the example add-on template)
 #
+# With --e2e, also the images the upstream conformance suite runs (the names
+# test/utils/image/manifest.go of $K8S_VERSION gives):
+#
+#   registry.k8s.io/e2e-test-images/busybox:1.37.0-1
+#                                            Debian's busybox-static, its applets linked in /bin
+#   registry.k8s.io/e2e-test-images/nginx:1.14-4
+#                                            Debian's nginx serving its default page on port 80
+#   registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7
+#                                            a Debian rootfs with dig, host and nslookup
+#
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
 # both). Each image `<host>/<repo>:<tag>` is stored as the repository
@@ -39,6 +49,7 @@
 # the Go module proxy and a Debian mirror (DEBIAN_MIRROR).
 #
 #   scripts/node-images.sh
+#   scripts/node-images.sh --e2e
 #   KOK_TESTENV_DIR=/some/dir scripts/node-images.sh
 set -euo pipefail
 
@@ -71,6 +82,23 @@ wanted+=("registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION"
   "registry.k8s.io/kube-proxy:$K8S_VERSION"
   "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION"
   "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")
+
+# The conformance suite's images, with --e2e.
+BUSYBOX_TAG=1.37.0-1
+NGINX_TAG=1.14-4
+DNSUTILS_TAG=1.7
+e2e=no
+for arg in "$@"; do
+  case $arg in
+    --e2e) e2e=yes ;;
+    *) echo "unknown argument $arg (--e2e)" >&2; exit 2 ;;
+  esac
+done
+if [ $e2e = yes ]; then
+  wanted+=("registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG"
+    "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG"
+    "registry.k8s.io/e2e-test-images/jessie-dnsutils:$DNSUTILS_TAG")
+fi
 
 marker() { echo "$done_dir/$(echo "$1" | tr '/:' '__')"; }
 have_all() {
@@ -338,6 +366,46 @@ build_metrics_server() {
     -- "$dir/layers/metrics-server-$METRICS_SERVER_VERSION.tar"
 }
 
+# --- the conformance suite's images (--e2e) -------------------------------------
+# busybox like upstream's: one static binary, every applet a link in /bin, the
+# users and directories the suite's commands expect.
+build_busybox() {
+  local stage="$dir/src/busybox" deb a
+  rm -rf "$stage" && mkdir -p "$stage/deb" "$stage/root/bin" "$stage/root/etc" "$stage/root/tmp" \
+    "$stage/root/root" "$stage/root/home" "$stage/root/var/www" "$stage/root/usr/bin" "$stage/root/usr/sbin"
+  chmod 1777 "$stage/root/tmp"
+  log "downloading Debian's busybox-static"
+  (cd "$stage/deb" && apt-get download busybox-static >&2)
+  deb=$(ls "$stage"/deb/busybox-static_*.deb)
+  dpkg-deb -x "$deb" "$stage/deb/x"
+  cp "$stage/deb/x/bin/busybox" "$stage/root/bin/busybox"
+  for a in $("$stage/root/bin/busybox" --list); do
+    [ "$a" = busybox ] || ln -sf busybox "$stage/root/bin/$a"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\ndaemon:x:1:1:daemon:/usr/sbin:/bin/false\nnobody:x:65534:65534:nobody:/home:/bin/false\n' >"$stage/root/etc/passwd"
+  printf 'root:x:0:\ndaemon:x:1:\nnogroup:x:65534:\n' >"$stage/root/etc/group"
+  layer "$dir/layers/busybox-$BUSYBOX_TAG.tar" "$stage/root"
+  push "registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG" --cmd sh \
+    -- "$dir/layers/busybox-$BUSYBOX_TAG.tar"
+}
+
+# nginx serving its default page on port 80, logging to the container's
+# output, stopped gracefully by SIGQUIT as upstream's.
+build_nginx() {
+  rootfs "$dir/layers/nginx-base.tar" nginx \
+    --customize-hook='mkdir -p "$1/var/log/nginx" && ln -sf /dev/stdout "$1/var/log/nginx/access.log"' \
+    --customize-hook='ln -sf /dev/stderr "$1/var/log/nginx/error.log"'
+  push "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG" \
+    --entrypoint nginx --cmd=-g,"daemon off;" --exposed-ports 80/tcp \
+    -- "$dir/layers/nginx-base.tar"
+}
+
+build_dnsutils() {
+  rootfs "$dir/layers/dnsutils-base.tar" bind9-dnsutils,bind9-host,iputils-ping
+  push "registry.k8s.io/e2e-test-images/jessie-dnsutils:$DNSUTILS_TAG" \
+    -- "$dir/layers/dnsutils-base.tar"
+}
+
 for v in $PAUSE_VERSIONS; do
   [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
 done
@@ -346,6 +414,11 @@ done
 [ -s "$(marker "registry.k8s.io/kube-proxy:$K8S_VERSION")" ] || timed kube-proxy build_kube_proxy
 [ -s "$(marker "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")" ] || timed kube-router build_kube_router
 [ -s "$(marker "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")" ] || timed metrics-server build_metrics_server
+if [ $e2e = yes ]; then
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG")" ] || timed busybox build_busybox
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG")" ] || timed nginx build_nginx
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/jessie-dnsutils:$DNSUTILS_TAG")" ] || timed jessie-dnsutils build_dnsutils
+fi
 
 have_all || die "some images are missing"
 for i in "${wanted[@]}"; do echo "$i@$(cat "$(marker "$i")")"; done >"$dir/images.txt"
