@@ -185,7 +185,7 @@ fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
 }
 
 /// Approves or denies the kubelet serving requests of the Machines' Nodes
-/// until the process stops.
+/// until shutdown is requested (SIGTERM/SIGINT), as the controllers stop.
 pub async fn run(client: Client, machines: Store<Machine>) {
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let (store, writer) = reflector::store();
@@ -196,8 +196,11 @@ pub async fn run(client: Client, machines: Store<Machine>) {
         .applied_objects()
         .boxed();
     let mut tick = tokio::time::interval(RESYNC);
+    let shutdown = kok_common::shutdown::requested();
+    tokio::pin!(shutdown);
     loop {
         tokio::select! {
+            () = &mut shutdown => return,
             change = changes.next() => match change {
                 Some(Ok(_)) => {}
                 Some(Err(error)) => tracing::warn!(%error, "watching CertificateSigningRequests"),
@@ -205,7 +208,11 @@ pub async fn run(client: Client, machines: Store<Machine>) {
             },
             _ = tick.tick() => {}
         }
-        if machines.wait_until_ready().await.is_err() {
+        let ready = tokio::select! {
+            () = &mut shutdown => return,
+            ready = machines.wait_until_ready() => ready,
+        };
+        if ready.is_err() {
             return;
         }
         let known: Vec<Arc<Machine>> = machines.state();

@@ -122,7 +122,7 @@ pub async fn wait_for_ingress(services: &Api<Service>, name: &str, timeout: Dura
 }
 
 /// `status.loadBalancer.ingress[*].ip`.
-fn ingress_ips(svc: &Service) -> Vec<String> {
+pub fn ingress_ips(svc: &Service) -> Vec<String> {
     svc.status
         .iter()
         .flat_map(|s| s.load_balancer.iter())

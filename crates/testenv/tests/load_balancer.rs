@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kok_testenv::kube_env::KubeEnv;
-use kok_testenv::load_balancer::wait_for_ingress;
+use kok_testenv::load_balancer::{ingress_ips, wait_for_ingress};
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
 use kok_testenv::wait::wait_for;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -301,7 +301,7 @@ async fn a_load_balancer_service_gets_an_address_of_the_machine_that_follows_its
         Duration::from_secs(30),
         async || {
             let svc = services.get("echo").await.ok()?;
-            (ingress_of(&svc).is_empty() && released(ip).await).then_some(())
+            (ingress_ips(&svc).is_empty() && released(ip).await).then_some(())
         },
     )
     .await;
@@ -341,7 +341,7 @@ async fn a_load_balancer_service_gets_an_address_of_the_machine_that_follows_its
         Duration::from_secs(30),
         async || {
             let svc = services.get("echo").await.ok()?;
-            (ingress_of(&svc) == [requested.to_string()] && released(again).await).then_some(())
+            (ingress_ips(&svc) == [requested.to_string()] && released(again).await).then_some(())
         },
     )
     .await;
@@ -353,7 +353,7 @@ async fn a_load_balancer_service_gets_an_address_of_the_machine_that_follows_its
         Duration::from_secs(30),
         async || {
             let svc = services.get("echo").await.ok()?;
-            (ingress_of(&svc).is_empty() && released(requested).await).then_some(())
+            (ingress_ips(&svc).is_empty() && released(requested).await).then_some(())
         },
     )
     .await;
@@ -386,14 +386,4 @@ async fn a_stopped_load_balancer_leaves_no_interface_behind() {
         .expect("ip link");
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(&format!(" {interface}:")), "{links}");
-}
-
-/// `status.loadBalancer.ingress[*].ip` of `svc`.
-fn ingress_of(svc: &Service) -> Vec<String> {
-    svc.status
-        .iter()
-        .flat_map(|s| s.load_balancer.iter())
-        .flat_map(|lb| lb.ingress.iter().flatten())
-        .filter_map(|i| i.ip.clone())
-        .collect()
 }
