@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Runs the upstream Kubernetes conformance suite against a business cluster the
+# operators make, the way Sonobuoy runs it: e2e.test of the pinned release,
+# unmodified (scripts/testenv-bins.sh --e2e), the [Conformance] specs in a
+# parallel pass (ginkgo --procs) without the [Serial] ones, then the
+# [Serial] ones alone. The test images come from the local registry under
+# their upstream names (scripts/node-images.sh --e2e), so no image flag or
+# KUBE_TEST_REPO_LIST is needed.
+#
+# The cluster is the dev environment's (kok-dev-env, as scripts/dev-env.sh
+# starts it): the example Cluster named by --cluster with its example worker,
+# plus the spare host joined as a second worker with spare-workers.yaml, as a
+# user would. Everything is stopped at the end.
+#
+# Writes to --out (default target/conformance): junit_*.xml per pass, the
+# suite's output, and summary.md (passed, failed with the failure's first
+# line, skipped), and prints the summary.
+#
+#   scripts/conformance.sh                              # every [Conformance] spec
+#   scripts/conformance.sh --focus 'sig-network.*Services'  # within those
+#   scripts/conformance.sh --cluster clusters/prod-east --procs 2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cluster=default/ci
+focus=''
+skip=''
+procs=4
+out=target/conformance
+serial=yes
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cluster) cluster=$2; shift 2 ;;
+    --focus) focus=$2; shift 2 ;;
+    --skip) skip=$2; shift 2 ;;
+    --procs) procs=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --no-serial) serial=no; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+name=${cluster#*/}
+
+log() { echo "[conformance $(date +%H:%M:%S)] $*" >&2; }
+if [ -x scripts/testhost-deps.sh ]; then scripts/testhost-deps.sh; fi
+KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh --e2e | tail -n 1)
+export KOK_TESTENV_BIN_DIR
+scripts/node-software.sh target/node-software-logs
+scripts/node-images.sh --e2e >/dev/null
+cargo build --bin kube-on-kube-operator --bin node-operator --bin kubectl-kok \
+  --bin kok-dev-env --bin kok-pod-exec --bin kok-testhost
+target=${CARGO_TARGET_DIR:-target}/debug
+bin=$KOK_TESTENV_BIN_DIR
+export PATH="$bin:$PATH"
+
+rm -rf "$out" && mkdir -p "$out/env"
+out=$(cd "$out" && pwd)
+log "starting the dev environment (its output: $out/env.log)"
+"$target/kok-dev-env" --dir "$out/env" --operators-dir "$target" --workers-cluster "$cluster" \
+  --spare-hosts 1 >"$out/env.log" 2>&1 &
+envpid=$!
+stop_env() {
+  kill -INT $envpid 2>/dev/null || return 0
+  log "stopping the dev environment"
+  wait $envpid 2>/dev/null || true
+}
+trap stop_env EXIT
+for _ in $(seq 900); do
+  grep -q 'every example converged' "$out/env.log" && break
+  kill -0 $envpid 2>/dev/null || { tail -30 "$out/env.log" >&2; log "the dev environment ended"; exit 1; }
+  sleep 1
+done
+grep -q 'every example converged' "$out/env.log" || { tail -30 "$out/env.log" >&2; exit 1; }
+kc="$out/env/$name.kubeconfig"
+log "joining the spare host to $cluster"
+kubectl --kubeconfig "$kc" apply -f "$out/env/spare-workers.yaml" >&2
+kubectl --kubeconfig "$kc" wait --for=condition=Ready machine/spare-0 --timeout=10m >&2
+kubectl --kubeconfig "$kc" wait --for=condition=Ready node --all --timeout=5m >&2
+kubectl --kubeconfig "$kc" get nodes -o wide >&2
+
+common=(--kubeconfig="$kc" --provider=skeleton --disable-log-dump)
+pattern='\[Conformance\]'
+[ -z "$focus" ] || pattern="($pattern.*($focus))|(($focus).*$pattern)"
+started=$(date +%s)
+log "parallel pass: --ginkgo.focus='$pattern' --ginkgo.skip='\\[Serial\\]${skip:+|$skip}' with $procs processes"
+mkdir -p "$out/parallel"
+ginkgo --procs="$procs" --timeout=4h "$bin/e2e.test" -- "${common[@]}" \
+  --report-dir="$out/parallel" --ginkgo.focus="$pattern" \
+  --ginkgo.skip="\[Serial\]${skip:+|$skip}" >"$out/parallel.log" 2>&1 || true
+if [ $serial = yes ]; then
+  log "serial pass: the [Serial] ones among them"
+  mkdir -p "$out/serial"
+  "$bin/e2e.test" "${common[@]}" --report-dir="$out/serial" --ginkgo.focus="\[Serial\].*($pattern)" \
+    ${skip:+--ginkgo.skip="$skip"} --ginkgo.timeout=4h >"$out/serial.log" 2>&1 || true
+fi
+took=$(( $(date +%s) - started ))
+
+python3 - "$out" "$took" "$(git rev-parse --short HEAD)" "$cluster" <<'PY'
+import glob, os, sys, xml.etree.ElementTree as ET
+out, took, commit, cluster = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+passed, failed, skipped = [], [], []
+for path in sorted(glob.glob(os.path.join(out, "*", "junit_*.xml"))):
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if "[Conformance]" not in name:
+            continue
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        skip = case.find("skipped")
+        if failure is not None:
+            text = (failure.get("message") or failure.text or "").strip().splitlines()
+            failed.append((name, text[0] if text else ""))
+        elif skip is not None:
+            # Specs the focus left out are reported as skipped too; only
+            # those the suite itself skipped carry a reason worth listing.
+            reason = (skip.get("message") or "").strip()
+            if reason and reason != "skipped":
+                skipped.append((name, reason.splitlines()[0]))
+        else:
+            passed.append(name)
+lines = [
+    f"# Conformance of `{cluster}` at `{commit}`",
+    "",
+    f"{len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped; "
+    f"{took // 60} min {took % 60} s.",
+    "",
+]
+if failed:
+    lines += ["## Failed", "", "| spec | first line of the failure |", "| --- | --- |"]
+    lines += [f"| {n} | {m.replace('|', '/')} |" for n, m in failed] + [""]
+if skipped:
+    lines += ["## Skipped", "", "| spec | reason |", "| --- | --- |"]
+    lines += [f"| {n} | {m.replace('|', '/')} |" for n, m in skipped] + [""]
+lines += ["## Passed", ""] + [f"- {n}" for n in sorted(passed)] + [""]
+open(os.path.join(out, "summary.md"), "w").write("\n".join(lines))
+print("\n".join(lines[:4]))
+for n, m in failed:
+    print(f"FAILED {n}: {m}")
+PY
+log "summary: $out/summary.md"
