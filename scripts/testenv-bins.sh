@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries the test environment runs (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd, etcdctl, kwok,
-# helm) from their Go modules and caches them outside the repository. The
+# helm, and konnectivity's proxy-server that runs beside each business
+# kube-apiserver) from their Go modules and caches them outside the repository. The
 # previous patch releases of the control plane and etcd are built too, under
 # versioned names (kube-apiserver-v1.35.3, etcd-v3.6.15, …), so that upgrades
 # can be tested from one real release to the next. With --kubelet-next it also
@@ -25,6 +26,9 @@ K8S_VERSION=${K8S_VERSION:-v1.35.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
 HELM_VERSION=${HELM_VERSION:-v3.22.0}
+# The version of konnectivity (sigs.k8s.io/apiserver-network-proxy) the
+# operator's kube-apiserver Pods and konnectivity-agent add-on use.
+KONNECTIVITY_VERSION=${KONNECTIVITY_VERSION:-v0.34.0}
 # Releases an upgrade test starts from.
 K8S_FROM_VERSION=${K8S_FROM_VERSION:-v1.35.3}
 ETCD_FROM_VERSION=${ETCD_FROM_VERSION:-v3.6.15}
@@ -35,7 +39,7 @@ KUBELET_NEXT_VERSION=${KUBELET_NEXT_VERSION:-v1.35.8}
 root=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
 dir="$root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION"
 bin="$dir/bin"
-wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd etcdctl kwok helm
+wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd etcdctl kwok helm proxy-server
   "kube-apiserver-$K8S_FROM_VERSION" "kube-controller-manager-$K8S_FROM_VERSION"
   "kube-scheduler-$K8S_FROM_VERSION" "etcd-$ETCD_FROM_VERSION")
 kubelet_next=no
@@ -213,10 +217,25 @@ build_install() { # name module-path version
   GOBIN="$bin" go install -trimpath -ldflags "-s -w" "$2@$3"
 }
 
+# build_in_module name module version package: a command of a module whose
+# version list the proxy does not serve (so `go install pkg@version`, which
+# asks for it, fails), built in a module of its own that requires that exact
+# version. Konnectivity's proxy-server is one.
+build_in_module() {
+  [ -x "$bin/$1" ] && return 0
+  log "building $1 $3"
+  local src="$dir/src/$1-$3"
+  mkdir -p "$src"
+  [ -s "$src/go.mod" ] || printf 'module kube-on-kube.test/%s\n\ngo %s\n' "$1" \
+    "$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')" >"$src/go.mod"
+  (cd "$src" && go get "$2@$3" && go build -trimpath -ldflags "-s -w" -o "$bin/$1.tmp" "$4" && mv "$bin/$1.tmp" "$bin/$1")
+}
+
 build_etcd "$ETCD_VERSION" "" yes
 build_etcd "$ETCD_FROM_VERSION" "-$ETCD_FROM_VERSION" no
 build_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 build_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+build_in_module proxy-server sigs.k8s.io/apiserver-network-proxy "$KONNECTIVITY_VERSION" sigs.k8s.io/apiserver-network-proxy/cmd/server
 build_kubernetes "$K8S_VERSION" "" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
 build_kubernetes "$K8S_FROM_VERSION" "-$K8S_FROM_VERSION" kube-apiserver kube-controller-manager kube-scheduler
 [ $kubelet_next = no ] || build_kubernetes "$KUBELET_NEXT_VERSION" "-$KUBELET_NEXT_VERSION" kubelet

@@ -148,6 +148,7 @@ impl PodRunner {
             "etcdctl",
             "kubectl",
             "kwok",
+            "proxy-server",
         ] {
             images.insert(
                 name,
