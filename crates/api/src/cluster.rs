@@ -410,8 +410,9 @@ pub struct ExtraUser {
 #[serde(rename_all = "camelCase")]
 pub struct Addon {
     /// Name of a registered add-on template (built-in: `bootstrap`,
-    /// `kube-proxy`, `kube-router`, `coredns`, `node-operator`; others from
-    /// ConfigMaps labelled `kubeonkube.io/addon-template`).
+    /// `kube-proxy`, `kube-router`, `konnectivity`, `coredns`,
+    /// `node-operator`; others from ConfigMaps labelled
+    /// `kubeonkube.io/addon-template`).
     #[schemars(
         length(min = 1, max = 63),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -425,7 +426,8 @@ pub struct Addon {
     #[schemars(schema_with = "free_form_object")]
     pub values: Option<serde_json::Value>,
     /// Set false to remove a built-in add-on (`kube-router` when the cluster
-    /// brings its own pod network).
+    /// brings its own pod network, `konnectivity` when the meta-cluster
+    /// routes to the business cluster's nodes, Pods and Services).
     #[serde(default = "default_true")]
     pub enabled: bool,
 }

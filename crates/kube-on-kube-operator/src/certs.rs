@@ -81,7 +81,7 @@ fn client(common_name: &str, organizations: &[&str]) -> LeafSpec {
 }
 
 /// Built-in kubeconfig identities: (name, common name, groups, external).
-pub const KUBECONFIG_IDENTITIES: [(&str, &str, &[&str], bool); 4] = [
+pub const KUBECONFIG_IDENTITIES: [(&str, &str, &[&str], bool); 5] = [
     ("admin", "kubernetes-admin", &["system:masters"], true),
     (
         "controller-manager",
@@ -94,6 +94,12 @@ pub const KUBECONFIG_IDENTITIES: [(&str, &str, &[&str], bool); 4] = [
         "node-operator",
         "kube-on-kube:node-operator",
         &["kube-on-kube:node-operators"],
+        false,
+    ),
+    (
+        crate::render::control_plane::KONNECTIVITY_IDENTITY,
+        "system:konnectivity-server",
+        &[],
         false,
     ),
 ];

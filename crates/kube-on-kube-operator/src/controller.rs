@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::backoff::{Backoff, Poll};
@@ -856,8 +858,14 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         )
         .await
     };
+    let konnectivity = crate::render::addons::konnectivity(&cluster, &ctx.config.registry);
     let internal_svc = service(control_plane::apiserver_internal_service(&cluster, &names)).await?;
-    let external_svc = service(control_plane::apiserver_external_service(&cluster, &names)).await?;
+    let external_svc = service(control_plane::apiserver_external_service(
+        &cluster,
+        &names,
+        konnectivity.as_ref(),
+    ))
+    .await?;
     let endpoint = external_url(&cluster, &names, Some(&external_svc));
     let advertise = control_plane::advertised_address(&cluster, Some(&external_svc));
     // Then certificates: everything else mounts them.
@@ -934,6 +942,20 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     let etcd_report =
         crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets, &services, &pods).await?;
     let etcd_pods = etcd_report.pods.clone();
+
+    // kube-apiserver's egress selector configuration, before the Pods that
+    // mount it: its traffic to the business cluster goes through the
+    // konnectivity-server beside it.
+    if konnectivity.is_some() {
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        let read: BTreeMap<String, ConfigMap> = list(&ctx, &maps, &names)
+            .await?
+            .into_iter()
+            .map(|m| (m.name_any(), m))
+            .collect();
+        let desired = control_plane::egress_selector_config(&cluster, &names);
+        apply_if_changed(&ctx, &names, &maps, &desired, &read, resource_version).await?;
+    }
 
     // The stateless control plane, upgraded in order behind etcd.
     let etcd_settled = crate::etcd::settled(&etcd_report);

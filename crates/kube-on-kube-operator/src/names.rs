@@ -112,6 +112,11 @@ impl Names {
         self.prefixed("apiserver-external")
     }
 
+    /// ConfigMap with kube-apiserver's egress selector configuration.
+    pub fn egress_selector_config(&self) -> String {
+        self.prefixed("egress-selector")
+    }
+
     /// Every DNS name a Service `service` of this cluster's namespace answers to.
     pub fn service_dns_names(&self, service: &str) -> Vec<String> {
         let ns = &self.namespace;
@@ -224,6 +229,7 @@ mod tests {
             out.push(("Deployment", n.deployment(component)));
         }
         out.push(("ConfigMap", crate::addons::inventory_name(&n)));
+        out.push(("ConfigMap", n.egress_selector_config()));
         out
     }
 

@@ -40,14 +40,16 @@ pub struct PolicyArgs {
     /// Images a Cluster may run besides the repositories of the operator's
     /// own defaults (`<--image-registry>/etcd`, `…/kube-apiserver`,
     /// `…/kube-controller-manager`, `…/kube-scheduler`, `…/kube-proxy`,
-    /// `…/coredns/coredns`, `…/node-operator`, the repository of
+    /// `…/coredns/coredns`, `…/kas-network-proxy/proxy-agent` and
+    /// `…/proxy-server`, `…/node-operator`, the repository of
     /// --node-operator-image and `docker.io/cloudnativelabs/kube-router`, at
     /// any tag or digest), comma-separated. An
     /// entry ending in `/` allows every image under it
     /// (`registry.example.com/kube/`); any other entry is one repository, at
     /// any tag or digest (`registry.example.com/etcd`); `*` allows every
     /// image. Checked: the etcd, kube-apiserver, kube-controller-manager and
-    /// kube-scheduler images and every add-on's `values.image` in the spec,
+    /// kube-scheduler images and every add-on's `values.image` (and
+    /// `values.serverImage`, konnectivity's server) in the spec,
     /// and the node-operator image the add-on step would run. A Cluster asking
     /// for another image gets `Allowed=False` (reason `ImageNotAllowed`) and is
     /// not changed.
@@ -125,9 +127,14 @@ pub fn default_repositories(config: &Config) -> Vec<String> {
     .into_iter()
     .map(|c| format!("{registry}/{}", crate::upgrade::display_name(c)))
     .chain(
-        ["kube-proxy", "coredns/coredns"]
-            .into_iter()
-            .map(|r| format!("{registry}/{r}")),
+        [
+            "kube-proxy",
+            "coredns/coredns",
+            "kas-network-proxy/proxy-agent",
+            "kas-network-proxy/proxy-server",
+        ]
+        .into_iter()
+        .map(|r| format!("{registry}/{r}")),
     )
     .chain([crate::render::addons::KUBE_ROUTER_REPOSITORY.to_string()])
     .collect();
@@ -351,17 +358,21 @@ pub fn check(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
             refusals.push(image_refusal(field.into(), &image));
         }
     }
+    // `serverImage`: the konnectivity add-on's server, run in the
+    // meta-cluster beside kube-apiserver.
     for addon in spec.addons.iter().filter(|a| a.enabled) {
-        let image = addon.values.as_ref().and_then(|v| v.get("image"));
-        match image {
-            None => {}
-            Some(serde_json::Value::String(image)) if image_allowed(image, config) => {}
-            Some(value) => refusals.push(image_refusal(
-                format!("spec.addons[{}].values.image", addon.name),
-                &value
-                    .as_str()
-                    .map_or_else(|| value.to_string(), str::to_string),
-            )),
+        for key in ["image", "serverImage"] {
+            let image = addon.values.as_ref().and_then(|v| v.get(key));
+            match image {
+                None => {}
+                Some(serde_json::Value::String(image)) if image_allowed(image, config) => {}
+                Some(value) => refusals.push(image_refusal(
+                    format!("spec.addons[{}].values.{key}", addon.name),
+                    &value
+                        .as_str()
+                        .map_or_else(|| value.to_string(), str::to_string),
+                )),
+            }
         }
     }
     if let Some(host_path) = spec
@@ -548,6 +559,9 @@ mod tests {
             {"name": "node-operator", "version": "0.1.0", "values": {"image": "evil.io/no:1"}},
             {"name": "coredns", "version": "1.12.1", "values": {"image": {"not": "a string"}}},
             {"name": "kube-proxy", "version": "1.35.4", "values": {"image": "registry.k8s.io/kube-proxy:v1.35.4"}},
+            {"name": "konnectivity", "version": "0.34.0", "values": {
+                "image": "registry.k8s.io/kas-network-proxy/proxy-agent:v0.34.0",
+                "serverImage": "evil.io/proxy-server:1"}},
             {"name": "off", "version": "1.0.0", "enabled": false, "values": {"image": "evil.io/x:1"}},
         ]))
         .expect("addons");
@@ -567,6 +581,7 @@ mod tests {
                 "spec.scheduler.image",
                 "spec.addons[node-operator].values.image",
                 "spec.addons[coredns].values.image",
+                "spec.addons[konnectivity].values.serverImage",
             ]
         );
         // Allowed by the flag: nothing refused but the non-string image.

@@ -17,6 +17,7 @@ use kube_on_kube_api::shared::COMPONENT_LABEL;
 use crate::applied::generation;
 use crate::controller::{Context, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
+use crate::render::addons::{self, Konnectivity};
 use crate::render::control_plane::{self, PodInputs};
 use crate::upgrade::{self, Live, Plan, Step};
 use crate::{Error, status};
@@ -69,9 +70,10 @@ fn live_hash(deployment: Option<&Deployment>) -> Option<String> {
         .cloned()
 }
 
-/// Secrets each component mounts (their content goes into its config hash).
-fn mounted_secrets(names: &Names, component: Component) -> Vec<String> {
-    match component {
+/// Secrets each component mounts (their content goes into its config hash);
+/// `konnectivity` whether a konnectivity-server runs beside kube-apiserver.
+fn mounted_secrets(names: &Names, component: Component, konnectivity: bool) -> Vec<String> {
+    let mut secrets = match component {
         Component::ControllerManager => vec![
             names.ca_secret(),
             names.front_proxy_ca_secret(),
@@ -87,7 +89,11 @@ fn mounted_secrets(names: &Names, component: Component) -> Vec<String> {
             names.cert_secret("front-proxy-client"),
             names.service_account_secret(),
         ],
+    };
+    if konnectivity && component == Component::ApiServer {
+        secrets.push(names.kubeconfig_secret(control_plane::KONNECTIVITY_IDENTITY));
     }
+    secrets
 }
 
 fn render(
@@ -96,11 +102,12 @@ fn render(
     component: Component,
     pod: &PodInputs<'_>,
     advertise: Option<&str>,
+    konnectivity: Option<&Konnectivity>,
 ) -> Deployment {
     match component {
         Component::ControllerManager => control_plane::controller_manager(cluster, names, pod),
         Component::Scheduler => control_plane::scheduler(cluster, names, pod),
-        _ => control_plane::apiserver(cluster, names, pod, advertise),
+        _ => control_plane::apiserver(cluster, names, pod, advertise, konnectivity),
     }
 }
 
@@ -230,9 +237,11 @@ pub async fn reconcile(
         etcd_version,
     );
     let plan = upgrade::plan(&inputs);
+    let konnectivity = addons::konnectivity(cluster, &ctx.config.registry);
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();
-        let mut hash = hash_of(secrets, &mounted_secrets(names, component), image);
+        let mounted = mounted_secrets(names, component, konnectivity.is_some());
+        let mut hash = hash_of(secrets, &mounted, image);
         // A CA or key Secret that is held (missing or changed) would change
         // the hash and roll the component onto it: the running Pods keep
         // what they mounted instead.
@@ -248,6 +257,7 @@ pub async fn reconcile(
                 config_hash: &hash,
             },
             advertise,
+            konnectivity.as_ref(),
         );
         apply_if_changed(ctx, names, &api, &desired, deployments, generation).await
     };

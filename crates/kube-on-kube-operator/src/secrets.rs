@@ -861,8 +861,8 @@ mod tests {
         let c = cluster();
         let first = run(&c, &BTreeMap::new(), at(0), "https://api:6443");
         assert!(first.changes.iter().all(|ch| ch.reason == "Created"));
-        // 3 CAs, SA key, 5 TLS leaves + 2 etcd member certs, 4 kubeconfigs + 2 users.
-        assert_eq!(first.changes.len(), 3 + 1 + 5 + 2 + 4 + 2);
+        // 3 CAs, SA key, 5 TLS leaves + 2 etcd member certs, 5 kubeconfigs + 2 users.
+        assert_eq!(first.changes.len(), 3 + 1 + 5 + 2 + 5 + 2);
         let existing = merged(&BTreeMap::new(), &first.changes);
         let second = run(&c, &existing, at(60), "https://api:6443");
         assert!(

@@ -6,10 +6,11 @@
 //! (a Pod of the meta-cluster) → over SSH, on two test hosts, the real
 //! containerd, runc, CNI plugins and kubelet, from PackageVersions whose
 //! artifacts the project's scripts built from source → Nodes Ready → the
-//! built-in add-ons (kube-proxy, kube-router, CoreDNS) Running on them → an
+//! built-in add-ons (kube-proxy, kube-router, konnectivity-agent, CoreDNS) Running on them → an
 //! agnhost Deployment spread over both nodes, reachable Pod to Pod, through a
 //! ClusterIP Service and by its DNS name; `kubectl logs` and `exec` through
-//! the kubelets. Then the node software's life: a kubelet revision rolled
+//! the kubelets, and the API server's proxy to a Pod and to a Service, all
+//! through konnectivity. Then the node software's life: a kubelet revision rolled
 //! through the ClusterPackageVersion one drained node at a time within the
 //! workload's PDB, a stopped kubelet repaired, a CanaryRelease of a broken
 //! containerd configuration rolled back, a Machine deleted and its host left
@@ -161,6 +162,20 @@ fn pods(k: &Kubectl, ns: &str, selector: &str) -> Vec<(String, String, String, b
 /// `host`, filled in by [`node_software::example_machine`]: the host's
 /// address and pinned key, the private key the hosts accept, what only test
 /// hosts need, and the cluster default's packages.
+/// Node `n`'s kubelet configuration through the business API. The API
+/// reaches the kubelet through the node's konnectivity-agent, which starts
+/// once the node is Ready: until it has connected, "No agent available".
+async fn kubelet_configz(k: &Kubectl, n: &str) -> Value {
+    let path = format!("/api/v1/nodes/{n}/proxy/configz");
+    let text = wait_for(
+        "the kubelet's /configz",
+        Duration::from_secs(120),
+        async || k.run(&["get", "--raw", &path], None).ok(),
+    )
+    .await;
+    serde_json::from_str(&text).expect("configz json")
+}
+
 fn machine_yaml(host: &TestHost, hosts: &TestHosts, zone: &str) -> String {
     let secret = node_software::example_ssh_key(hosts).expect("the example key Secret");
     let machine = node_software::example_machine(host, zone).expect("the example Machine");
@@ -340,8 +355,7 @@ async fn workers_run_real_pods() {
             taints.contains("\"dedicated\"") && taints.contains("PreferNoSchedule"),
             "{n}: {taints}"
         );
-        let configz = k.ok(&["get", "--raw", &format!("/api/v1/nodes/{n}/proxy/configz")]);
-        let configz: Value = serde_json::from_str(&configz).expect("configz json");
+        let configz = kubelet_configz(&k, n).await;
         let kc = &configz["kubeletconfig"];
         assert_eq!(kc["kubeReserved"]["cpu"], "500m", "{n}: {kc}");
         assert_eq!(kc["systemReserved"]["memory"], "1Gi", "{n}: {kc}");
@@ -362,6 +376,7 @@ async fn workers_run_real_pods() {
     for (what, selector) in [
         ("kube-proxy", "k8s-app=kube-proxy"),
         ("kube-router", "k8s-app=kube-router"),
+        ("konnectivity-agent", "k8s-app=konnectivity-agent"),
         ("CoreDNS", "k8s-app=kube-dns"),
     ] {
         let running = wait_for(what, Duration::from_secs(240), async || {
@@ -456,6 +471,26 @@ async fn workers_run_real_pods() {
     );
     let logs = k.ok(&["-n", demo, "logs", &replicas[1].0]);
     assert!(logs.contains("/hostname"), "kubectl logs: {logs}");
+    // The business API, a Pod of the meta-cluster with no route to the
+    // nodes' Pods and Services, reaches both through konnectivity: its
+    // proxy to a Pod and to the Service (what webhooks and aggregated APIs
+    // need too).
+    let pod = &replicas[0].0;
+    let via_pod = k.ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/namespaces/{demo}/pods/{pod}:8080/proxy/hostname"),
+    ]);
+    assert_eq!(via_pod.trim(), pod, "the API server's proxy to a Pod");
+    let via_service = k.ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/namespaces/{demo}/services/agnhost:80/proxy/hostname"),
+    ]);
+    assert!(
+        want.contains(via_service.trim()),
+        "the API server's proxy to the Service answered {via_service:?}"
+    );
     println!("whole chain {:?}", t0.elapsed());
 
     // 4. A kubelet upgrade through the ClusterPackageVersion: one node at a
@@ -508,8 +543,7 @@ async fn workers_run_real_pods() {
     assert_eq!(seen.max_cordoned, 1, "one node at a time: {seen:?}");
     assert_eq!(seen.cordoned.len(), 2, "every node drained: {seen:?}");
     for n in &names {
-        let configz = k.ok(&["get", "--raw", &format!("/api/v1/nodes/{n}/proxy/configz")]);
-        let configz: Value = serde_json::from_str(&configz).expect("configz json");
+        let configz = kubelet_configz(&k, n).await;
         assert_eq!(
             configz["kubeletconfig"]["maxPods"], 100,
             "{n} runs the new revision"
@@ -711,6 +745,7 @@ spec:
                 "containerd",
                 "kube-proxy",
                 "kube-router",
+                "proxy-agent",
                 "pause",
                 "agnhost",
                 "coredns",

@@ -1,7 +1,7 @@
 //! Add-ons of a business cluster as versioned templates rendered with the
 //! Cluster's values: the built-in ones (`bootstrap`, `node-operator`,
-//! `kube-proxy`, `kube-router`, `coredns`) and those users register as
-//! labelled ConfigMaps.
+//! `kube-proxy`, `kube-router`, `konnectivity`, `coredns`) and those users
+//! register as labelled ConfigMaps.
 //! Which add-ons a Cluster gets, at which version and with which values, and
 //! the objects they render to, are pure functions of the spec; the apply step
 //! is in [`crate::addons`].
@@ -52,8 +52,24 @@ pub const KUBE_ROUTER_REPOSITORY: &str = "docker.io/cloudnativelabs/kube-router"
 pub const COREDNS: &str = "coredns";
 /// CoreDNS version used unless the Cluster asks for another.
 pub const COREDNS_VERSION: &str = "1.12.1";
+/// Built-in add-on: konnectivity, the business API's way to the nodes, Pods
+/// and Services: its agent on every node here, its server beside each
+/// kube-apiserver replica (see [`konnectivity`]).
+pub const KONNECTIVITY: &str = "konnectivity";
+/// Konnectivity version used unless the Cluster asks for another.
+pub const KONNECTIVITY_VERSION: &str = "0.34.0";
+/// Port the konnectivity-server listens on for agents, in its Pod and on the
+/// external Service unless the add-on's `serverPort` value says otherwise.
+pub const KONNECTIVITY_AGENT_PORT: i32 = 8132;
 /// Built-in add-ons in the order they are applied (before the users' own).
-pub const BUILTIN: [&str; 5] = [BOOTSTRAP, NODE_OPERATOR, KUBE_PROXY, KUBE_ROUTER, COREDNS];
+pub const BUILTIN: [&str; 6] = [
+    BOOTSTRAP,
+    NODE_OPERATOR,
+    KUBE_PROXY,
+    KUBE_ROUTER,
+    KONNECTIVITY,
+    COREDNS,
+];
 
 /// Operator-wide inputs of the add-ons.
 #[derive(Debug, Clone)]
@@ -230,9 +246,52 @@ fn builtin_version(name: &str, cluster: &Cluster, settings: &Settings<'_>) -> St
     match name {
         KUBE_PROXY => cluster.spec.version.clone(),
         KUBE_ROUTER => KUBE_ROUTER_VERSION.to_string(),
+        KONNECTIVITY => KONNECTIVITY_VERSION.to_string(),
         COREDNS => COREDNS_VERSION.to_string(),
         _ => settings.operator_version.to_string(),
     }
+}
+
+/// The server side of the `konnectivity` add-on: what the kube-apiserver
+/// Pods run beside kube-apiserver and the external Service exposes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Konnectivity {
+    /// Image of the konnectivity-server container.
+    pub server_image: String,
+    /// Port of the external Service agents dial.
+    pub server_port: i32,
+}
+
+/// The Cluster's konnectivity server, from its `konnectivity` add-on entry
+/// (version, `values.serverImage`, `values.serverPort`), or None when the
+/// add-on is disabled: kube-apiserver then dials nodes, Pods and Services
+/// directly, which works only where the meta-cluster routes to them.
+pub fn konnectivity(cluster: &Cluster, registry: &str) -> Option<Konnectivity> {
+    let entry = cluster.spec.addons.iter().find(|e| e.name == KONNECTIVITY);
+    if entry.is_some_and(|e| !e.enabled) {
+        return None;
+    }
+    let version = entry.map_or(KONNECTIVITY_VERSION, |e| e.version.as_str());
+    let values = entry.and_then(|e| e.values.as_ref());
+    let server_image = values
+        .and_then(|v| v.get("serverImage"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| konnectivity_image(registry, "proxy-server", version));
+    let server_port = values
+        .and_then(|v| v.get("serverPort"))
+        .and_then(Value::as_i64)
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| (1..=65535).contains(p))
+        .unwrap_or(KONNECTIVITY_AGENT_PORT);
+    Some(Konnectivity {
+        server_image,
+        server_port,
+    })
+}
+
+fn konnectivity_image(registry: &str, program: &str, version: &str) -> String {
+    format!("{registry}/kas-network-proxy/{program}:v{version}")
 }
 
 /// A built-in add-on's template at `version` (every version is accepted: it
@@ -271,6 +330,16 @@ fn builtin(
             json!({
                 "image": format!("{KUBE_ROUTER_REPOSITORY}:v{version}"),
                 "extraArgs": [],
+            }),
+        ),
+        KONNECTIVITY => (
+            include_str!("addons/konnectivity.yaml"),
+            json!({
+                "image": konnectivity_image(registry, "proxy-agent", version),
+                "serverImage": konnectivity_image(registry, "proxy-server", version),
+                "serverPort": KONNECTIVITY_AGENT_PORT,
+                "adminPort": 8133,
+                "healthPort": 8134,
             }),
         ),
         COREDNS => (
@@ -458,6 +527,9 @@ pub fn render(
     settings: &Settings<'_>,
 ) -> Result<Rendered, String> {
     let from = &planned.template.source;
+    if planned.name == KONNECTIVITY {
+        konnectivity_values(&planned.values)?;
+    }
     let values = context(planned, cluster, facts, settings)?;
     let name = format!("{} {} ({from})", planned.name, planned.version);
     let text = template::substitute(&name, &planned.template.text, &values)?;
@@ -503,6 +575,29 @@ pub fn render(
         ("objects", bytes.as_slice()),
     ]);
     Ok(Rendered { objects, hash })
+}
+
+/// The `konnectivity` values the server side reads too, checked: a port
+/// the agents would dial but the external Service could not expose is an
+/// error here, not a DaemonSet that never connects.
+fn konnectivity_values(values: &Map<String, Value>) -> Result<(), String> {
+    for key in ["serverPort", "adminPort", "healthPort"] {
+        if let Some(v) = values.get(key)
+            && !v.as_i64().is_some_and(|p| (1..=65535).contains(&p))
+        {
+            return Err(format!(
+                "konnectivity: values.{key} must be a port number (1-65535), not {v}"
+            ));
+        }
+    }
+    if let Some(v) = values.get("serverImage")
+        && v.as_str().is_none_or(str::is_empty)
+    {
+        return Err(format!(
+            "konnectivity: values.serverImage must be an image reference, not {v}"
+        ));
+    }
+    Ok(())
 }
 
 fn string_value<'a>(values: &'a Map<String, Value>, key: &str, default: &'a str) -> &'a str {
@@ -617,6 +712,7 @@ mod tests {
                 ("node-operator".into(), "0.1.0".into()),
                 ("kube-proxy".into(), "1.35.4".into()),
                 ("kube-router".into(), KUBE_ROUTER_VERSION.into()),
+                ("konnectivity".into(), KONNECTIVITY_VERSION.into()),
                 ("coredns".into(), COREDNS_VERSION.into()),
                 ("metrics-server".into(), "0.7.2".into()),
             ]
@@ -633,7 +729,14 @@ mod tests {
             router.values["image"],
             "docker.io/cloudnativelabs/kube-router:v2.1.0"
         );
-        let Plan::Apply(metrics) = &plans[5] else {
+        let Plan::Apply(konnectivity) = &plans[4] else {
+            panic!("konnectivity applied")
+        };
+        assert_eq!(
+            konnectivity.values["image"],
+            "registry.k8s.io/kas-network-proxy/proxy-agent:v0.34.0"
+        );
+        let Plan::Apply(metrics) = &plans[6] else {
             panic!("metrics-server applied")
         };
         // The Cluster's value wins over the template's default.
@@ -670,7 +773,7 @@ mod tests {
                 name: KUBE_PROXY.into()
             }
         );
-        let Plan::Apply(dns) = &plans[4] else {
+        let Plan::Apply(dns) = &plans[5] else {
             panic!("coredns applied")
         };
         assert_eq!(dns.version, "1.11.3");
@@ -1176,7 +1279,7 @@ mod tests {
         assert_eq!(
             template_selector(&c).as_deref(),
             Some(
-                "kubeonkube.io/addon-template in (bootstrap,node-operator,kube-proxy,kube-router,coredns,metrics-server)"
+                "kubeonkube.io/addon-template in (bootstrap,node-operator,kube-proxy,kube-router,konnectivity,coredns,metrics-server)"
             )
         );
         c.spec.addons = BUILTIN

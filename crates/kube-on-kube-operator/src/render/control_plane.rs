@@ -8,15 +8,17 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, KeyToPath,
-    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, SecretProjection, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_on_kube_api::cluster::{Cluster, ComponentSpec, ExposureType};
 
+use super::addons::{KONNECTIVITY_AGENT_PORT, Konnectivity};
 use super::{CONFIG_HASH_ANNOTATION, component_labels, owner};
 use crate::names::{Component, Names};
 
@@ -31,6 +33,22 @@ const PKI: &str = "/etc/kubernetes/pki";
 /// How long a stopping kube-apiserver keeps serving before it shuts down.
 const SHUTDOWN_DELAY: &str = "5s";
 pub(crate) const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
+/// Kubeconfig identity of the konnectivity-server (it reviews the agents'
+/// tokens): `system:konnectivity-server`.
+pub const KONNECTIVITY_IDENTITY: &str = "konnectivity-server";
+/// Where kube-apiserver and the konnectivity-server beside it share the
+/// server's socket (an emptyDir of the Pod).
+const KONNECTIVITY_SOCKET_DIR: &str = "/run/konnectivity";
+/// Where kube-apiserver reads its egress selector configuration.
+const EGRESS_DIR: &str = "/etc/kubernetes/egress";
+/// Key of the egress selector configuration in its ConfigMap.
+const EGRESS_KEY: &str = "egress-selector-configuration.yaml";
+/// The konnectivity-server's admin (loopback only) and health ports.
+const KONNECTIVITY_ADMIN_PORT: i32 = 8133;
+const KONNECTIVITY_HEALTH_PORT: i32 = 8134;
+/// gRPC keepalive between agents and servers: well under the idle timeout
+/// of common load balancers (350 s on AWS NLB), so an idle tunnel stays.
+const KONNECTIVITY_KEEPALIVE: &str = "30s";
 
 /// Images and the config hash of one component's Pods.
 pub struct PodInputs<'a> {
@@ -70,11 +88,15 @@ fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
 }
 
 fn https_probe(path: &str, port: i32, failure_threshold: i32, initial: i32) -> Probe {
+    probe("HTTPS", path, port, failure_threshold, initial)
+}
+
+fn probe(scheme: &str, path: &str, port: i32, failure_threshold: i32, initial: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::Int(port),
-            scheme: Some("HTTPS".into()),
+            scheme: Some(scheme.into()),
             ..Default::default()
         }),
         initial_delay_seconds: Some(initial),
@@ -226,11 +248,14 @@ pub fn advertised_address(cluster: &Cluster, external: Option<&Service>) -> Opti
 }
 
 /// The kube-apiserver Deployment; `advertise` is [`advertised_address`].
+/// With `konnectivity`, a konnectivity-server runs beside kube-apiserver in
+/// each Pod and carries its traffic to nodes, Pods and Services.
 pub fn apiserver(
     cluster: &Cluster,
     names: &Names,
     pod: &PodInputs<'_>,
     advertise: Option<&str>,
+    konnectivity: Option<&Konnectivity>,
 ) -> Deployment {
     let spec = &cluster.spec;
     let etcd_servers = etcd_client_urls(cluster, names);
@@ -303,7 +328,15 @@ pub fn apiserver(
             ("enable-admission-plugins", "NodeRestriction".into()),
             ("enable-bootstrap-token-auth", "true".into()),
             ("allow-privileged", "true".into()),
-        ],
+        ]
+        .into_iter()
+        .chain(konnectivity.map(|_| {
+            (
+                "egress-selector-config-file",
+                format!("{EGRESS_DIR}/{EGRESS_KEY}"),
+            )
+        }))
+        .collect(),
         &spec.api_server.component,
     );
     let ca = names.ca_secret();
@@ -361,14 +394,151 @@ pub fn apiserver(
         volume_mounts: Some(vec![mount("pki", PKI)]),
         ..Default::default()
     };
-    deployment(
+    let Some(konnectivity) = konnectivity else {
+        return deployment(
+            cluster,
+            names,
+            Component::ApiServer,
+            container,
+            vec![pki],
+            pod.config_hash,
+        );
+    };
+    let mut container = container;
+    container.volume_mounts = Some(vec![
+        mount("pki", PKI),
+        mount("egress", EGRESS_DIR),
+        VolumeMount {
+            read_only: None,
+            ..mount("konnectivity-socket", KONNECTIVITY_SOCKET_DIR)
+        },
+    ]);
+    let mut deployment = deployment(
         cluster,
         names,
         Component::ApiServer,
         container,
-        vec![pki],
+        vec![
+            pki,
+            Volume {
+                name: "egress".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: names.egress_selector_config(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "konnectivity-socket".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            kubeconfig_volume(names, KONNECTIVITY_IDENTITY),
+        ],
         pod.config_hash,
-    )
+    );
+    if let Some(pod_spec) = deployment
+        .spec
+        .as_mut()
+        .and_then(|d| d.template.spec.as_mut())
+    {
+        pod_spec
+            .containers
+            .push(konnectivity_server(cluster, konnectivity));
+    }
+    deployment
+}
+
+/// The konnectivity-server beside kube-apiserver: it serves kube-apiserver
+/// on the shared socket and the agents on the agent port, with the
+/// apiserver's serving certificate (agents dial the same external address),
+/// and admits an agent whose token the business API says is the
+/// `kube-system/konnectivity-agent` ServiceAccount's for its audience.
+fn konnectivity_server(cluster: &Cluster, konnectivity: &Konnectivity) -> Container {
+    let replicas = cluster.spec.mode.replicas();
+    let args = [
+        (
+            "uds-name",
+            format!("{KONNECTIVITY_SOCKET_DIR}/konnectivity-server.sock"),
+        ),
+        ("delete-existing-uds-file", "true".into()),
+        ("server-port", "0".into()),
+        ("mode", "grpc".into()),
+        ("agent-port", KONNECTIVITY_AGENT_PORT.to_string()),
+        ("admin-port", KONNECTIVITY_ADMIN_PORT.to_string()),
+        ("health-port", KONNECTIVITY_HEALTH_PORT.to_string()),
+        ("cluster-cert", format!("{PKI}/apiserver.crt")),
+        ("cluster-key", format!("{PKI}/apiserver.key")),
+        ("kubeconfig", format!("{KUBECONFIG_DIR}/kubeconfig")),
+        (
+            "authentication-audience",
+            "system:konnectivity-server".into(),
+        ),
+        ("agent-namespace", "kube-system".into()),
+        ("agent-service-account", "konnectivity-agent".into()),
+        // The agent on the node a connection is for (kubelets), else any.
+        ("proxy-strategies", "destHost,default".into()),
+        // Agents connect to every replica's server through the load
+        // balancer until they have this many.
+        ("server-count", replicas.to_string()),
+        ("keepalive-time", KONNECTIVITY_KEEPALIVE.into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| format!("--{k}={v}"))
+    .collect();
+    Container {
+        name: "konnectivity-server".into(),
+        image: Some(konnectivity.server_image.clone()),
+        command: Some(vec!["/proxy-server".into()]),
+        args: Some(args),
+        ports: Some(vec![ContainerPort {
+            name: Some("konnectivity".into()),
+            container_port: KONNECTIVITY_AGENT_PORT,
+            ..Default::default()
+        }]),
+        // No readiness probe: the server's /readyz fails until an agent has
+        // connected, and agents only come once the API (this Pod) serves.
+        liveness_probe: Some(probe("HTTP", "/healthz", KONNECTIVITY_HEALTH_PORT, 8, 15)),
+        volume_mounts: Some(vec![
+            mount("pki", PKI),
+            mount("kubeconfig", KUBECONFIG_DIR),
+            VolumeMount {
+                read_only: None,
+                ..mount("konnectivity-socket", KONNECTIVITY_SOCKET_DIR)
+            },
+        ]),
+        ..Default::default()
+    }
+}
+
+/// The egress selector configuration kube-apiserver reads when a
+/// konnectivity-server runs beside it: traffic to the business cluster
+/// (nodes, Pods, Services) goes through the server's socket; etcd and the
+/// control plane are dialled directly.
+pub fn egress_selector_config(cluster: &Cluster, names: &Names) -> ConfigMap {
+    let config = format!(
+        "apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: GRPC
+    transport:
+      uds:
+        udsName: {KONNECTIVITY_SOCKET_DIR}/konnectivity-server.sock
+"
+    );
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(names.egress_selector_config()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(component_labels(names, Component::ApiServer)),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        data: Some([(EGRESS_KEY.to_string(), config)].into()),
+        ..Default::default()
+    }
 }
 
 /// The internal Service of kube-apiserver (for the other components).
@@ -385,8 +555,13 @@ pub fn apiserver_internal_service(cluster: &Cluster, names: &Names) -> Service {
     )
 }
 
-/// The external Service of kube-apiserver (for kubelets and users).
-pub fn apiserver_external_service(cluster: &Cluster, names: &Names) -> Service {
+/// The external Service of kube-apiserver (for kubelets and users), and of
+/// the konnectivity-server beside it (for the agents) with `konnectivity`.
+pub fn apiserver_external_service(
+    cluster: &Cluster,
+    names: &Names,
+    konnectivity: Option<&Konnectivity>,
+) -> Service {
     let external = &cluster.spec.api_server.external;
     let type_ = match external.type_ {
         ExposureType::ClusterIP => "ClusterIP",
@@ -402,6 +577,19 @@ pub fn apiserver_external_service(cluster: &Cluster, names: &Names) -> Service {
         ports.push(ServicePort {
             name: Some(ADVERTISED_PORT_NAME.into()),
             ..api_port(API_PORT, None)
+        });
+    }
+    if let Some(k) = konnectivity {
+        ports.push(ServicePort {
+            name: Some("konnectivity".into()),
+            port: k.server_port,
+            target_port: Some(IntOrString::Int(KONNECTIVITY_AGENT_PORT)),
+            // Agents dial the same port on a node as on a load balancer.
+            node_port: (external.type_ == ExposureType::NodePort
+                && (30000..=32767).contains(&k.server_port))
+            .then_some(k.server_port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
         });
     }
     apiserver_service(
@@ -625,6 +813,7 @@ mod tests {
                 config_hash: "h",
             },
             advertise.as_deref(),
+            None,
         );
         let args = args_of(&d);
         assert!(args.contains(&"--etcd-servers=https://prod-east-etcd-0.clusters.svc.cluster.local:2379,https://prod-east-etcd-1.clusters.svc.cluster.local:2379,https://prod-east-etcd-2.clusters.svc.cluster.local:2379".to_string()));
@@ -642,6 +831,79 @@ mod tests {
         assert_eq!(hash[CONFIG_HASH_ANNOTATION], "h");
     }
 
+    #[test]
+    fn konnectivity_runs_beside_the_apiserver_and_is_exposed_to_agents() {
+        let c = cluster(ClusterMode::Production);
+        let n = Names::new(&c, "cluster.local");
+        let k = crate::render::addons::konnectivity(&c, "registry.k8s.io").expect("on by default");
+        assert_eq!(
+            k.server_image,
+            "registry.k8s.io/kas-network-proxy/proxy-server:v0.34.0"
+        );
+        let d = apiserver(
+            &c,
+            &n,
+            &PodInputs {
+                image: "kube-apiserver:v1.35.4",
+                config_hash: "h",
+            },
+            None,
+            Some(&k),
+        );
+        let pod = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod");
+        assert_eq!(
+            pod.containers[0].name, "kube-apiserver",
+            "the upgrade reads the first"
+        );
+        let server = &pod.containers[1];
+        let server_args = server.args.clone().unwrap_or_default();
+        for want in [
+            "--uds-name=/run/konnectivity/konnectivity-server.sock",
+            "--server-count=3",
+            "--agent-port=8132",
+            "--authentication-audience=system:konnectivity-server",
+        ] {
+            assert!(
+                server_args.contains(&want.to_string()),
+                "{want}: {server_args:?}"
+            );
+        }
+        assert!(args_of(&d).contains(
+            &"--egress-selector-config-file=/etc/kubernetes/egress/egress-selector-configuration.yaml"
+                .to_string()
+        ));
+        let config = egress_selector_config(&c, &n);
+        assert!(
+            config.data.expect("data")[EGRESS_KEY]
+                .contains("udsName: /run/konnectivity/konnectivity-server.sock")
+        );
+        let ports = apiserver_external_service(&c, &n, Some(&k))
+            .spec
+            .and_then(|s| s.ports)
+            .expect("ports");
+        assert!(
+            ports
+                .iter()
+                .any(|p| p.name.as_deref() == Some("konnectivity") && p.port == 8132)
+        );
+        // Disabled: kube-apiserver dials the business cluster directly.
+        let mut off = c.clone();
+        off.spec.addons.push(kube_on_kube_api::cluster::Addon {
+            name: "konnectivity".into(),
+            version: "0.34.0".into(),
+            values: None,
+            enabled: false,
+        });
+        assert_eq!(
+            crate::render::addons::konnectivity(&off, "registry.k8s.io"),
+            None
+        );
+    }
+
     /// The Minimal example behind an external Service of `type_` on `port`,
     /// with `ingress` in its status.
     fn exposed(type_: ExposureType, port: i32, ingress: Option<&str>) -> (Cluster, Service) {
@@ -650,7 +912,7 @@ mod tests {
         c.spec.api_server.external.addresses.clear();
         c.spec.api_server.external.port = port;
         let n = Names::new(&c, "cluster.local");
-        let mut svc = apiserver_external_service(&c, &n);
+        let mut svc = apiserver_external_service(&c, &n, None);
         svc.status = ingress.map(|ip| {
             serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [
                 {"hostname": "lb.example.com"}, {"ip": ip}
@@ -667,7 +929,7 @@ mod tests {
             config_hash: "h",
         };
         let advertise = advertised_address(c, Some(svc));
-        args_of(&apiserver(c, &n, &inputs, advertise.as_deref()))
+        args_of(&apiserver(c, &n, &inputs, advertise.as_deref(), None))
             .into_iter()
             .filter(|a| {
                 a.starts_with("--advertise-address") || a.starts_with("--endpoint-reconciler")
@@ -712,7 +974,7 @@ mod tests {
             c.spec.api_server.external.addresses =
                 addresses.iter().map(|a| a.to_string()).collect();
             let n = Names::new(&c, "cluster.local");
-            apiserver_external_service(&c, &n)
+            apiserver_external_service(&c, &n, None)
                 .spec
                 .and_then(|s| s.ports)
                 .unwrap_or_default()
@@ -772,7 +1034,7 @@ mod tests {
     fn external_service_follows_the_spec() {
         let c = cluster(ClusterMode::Production);
         let n = Names::new(&c, "cluster.local");
-        let svc = apiserver_external_service(&c, &n).spec.expect("spec");
+        let svc = apiserver_external_service(&c, &n, None).spec.expect("spec");
         assert_eq!(svc.type_.as_deref(), Some("LoadBalancer"));
         assert_eq!(
             svc.load_balancer_ip,

@@ -51,7 +51,10 @@ pub(crate) fn yaml<T: serde::Serialize>(objects: &[T]) -> String {
 /// is the address a load balancer gave the external Service, if any.
 fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<(String, String)> {
     let names = Names::new(cluster, "cluster.local");
-    let mut external = control_plane::apiserver_external_service(cluster, &names);
+    let config = crate::controller::Config::default();
+    let konnectivity = crate::render::addons::konnectivity(cluster, &config.registry);
+    let mut external =
+        control_plane::apiserver_external_service(cluster, &names, konnectivity.as_ref());
     external.status = ingress.map(|ip| {
         serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [{"ip": ip}]}}))
             .expect("status")
@@ -68,7 +71,6 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
         })
         .collect();
     // Images and versions as the operator picks them with its default flags.
-    let config = crate::controller::Config::default();
     let etcd_version = crate::etcd::desired_version(cluster, &config);
     let etcd_image = crate::etcd::desired_image(cluster, &config);
     let mut etcd_pods = Vec::new();
@@ -124,13 +126,14 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
                 &names,
                 &inputs(&apiserver),
                 advertise.as_deref(),
+                konnectivity.as_ref(),
             )]),
         ),
         (
             format!("{prefix}/kube-apiserver-services.yaml"),
             yaml(&[
                 control_plane::apiserver_internal_service(cluster, &names),
-                control_plane::apiserver_external_service(cluster, &names),
+                control_plane::apiserver_external_service(cluster, &names, konnectivity.as_ref()),
             ]),
         ),
         (
@@ -150,6 +153,12 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
             )]),
         ),
     ];
+    if konnectivity.is_some() {
+        files.push((
+            format!("{prefix}/kube-apiserver-egress.yaml"),
+            yaml(&[control_plane::egress_selector_config(cluster, &names)]),
+        ));
+    }
     // A volume source instead of a claim template means no claims.
     if !claims.is_empty() {
         files.push((format!("{prefix}/etcd-claims.yaml"), yaml(&claims)));
