@@ -15,6 +15,9 @@
 #                                            rootfs with iptables, ipset, iproute2, kmod, conntrack
 #   registry.k8s.io/metrics-server/metrics-server:v0.7.2
 #                                            sigs.k8s.io/metrics-server (the example add-on template)
+#   registry.k8s.io/kas-network-proxy/proxy-agent:v0.34.0
+#                                            sigs.k8s.io/apiserver-network-proxy/cmd/agent (the
+#                                            konnectivity-agent add-on)
 #
 # With --e2e, also the images the upstream conformance suite runs (the names
 # test/utils/image/manifest.go of $K8S_VERSION gives):
@@ -25,6 +28,21 @@
 #                                            Debian's nginx serving its default page on port 80
 #   registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7
 #                                            a Debian rootfs with dig, host and nslookup
+#   registry.k8s.io/e2e-test-images/agnhost:2.55
+#                                            the suite's previous agnhost (StatefulSet updates):
+#                                            the same source, its version stamped 2.55
+#   registry.k8s.io/e2e-test-images/nginx:1.15-4
+#                                            the suite's newer nginx (rollouts): Debian's nginx
+#                                            with its own tag layer
+#   registry.k8s.io/e2e-test-images/kitten:1.7, nautilus:1.7
+#                                            agnhost's test-webserver serving the image and
+#                                            data.json of test/images/{kitten,nautilus} (kubectl's
+#                                            Update Demo)
+#   registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2
+#                                            k8s.io/sample-apiserver of $K8S_VERSION's staging
+#                                            release (the aggregator test)
+#   registry.k8s.io/etcd:3.6.6-0             go.etcd.io/etcd v3.6.6 as /usr/local/bin/etcd (the
+#                                            sample API server's storage)
 #
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
@@ -64,6 +82,8 @@ COREDNS_VERSION=${COREDNS_VERSION:-v1.12.1}
 KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 # The version examples/addon-template-metrics-server.yaml uses.
 METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.7.2}
+# The version the konnectivity-agent add-on uses.
+KONNECTIVITY_VERSION=${KONNECTIVITY_VERSION:-v0.34.0}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -81,12 +101,18 @@ wanted+=("registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION"
   "registry.k8s.io/coredns/coredns:$COREDNS_VERSION"
   "registry.k8s.io/kube-proxy:$K8S_VERSION"
   "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION"
-  "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")
+  "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION"
+  "registry.k8s.io/kas-network-proxy/proxy-agent:$KONNECTIVITY_VERSION")
 
 # The conformance suite's images, with --e2e.
 BUSYBOX_TAG=1.37.0-1
 NGINX_TAG=1.14-4
+NGINX_NEW_TAG=1.15-4
 DNSUTILS_TAG=1.7
+AGNHOST_PREV_VERSION=2.55
+KITTEN_TAG=1.7
+SAMPLE_APISERVER_TAG=1.29.2
+E2E_ETCD_VERSION=3.6.6
 e2e=no
 for arg in "$@"; do
   case $arg in
@@ -97,7 +123,13 @@ done
 if [ $e2e = yes ]; then
   wanted+=("registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG"
     "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG"
-    "registry.k8s.io/e2e-test-images/jessie-dnsutils:$DNSUTILS_TAG")
+    "registry.k8s.io/e2e-test-images/jessie-dnsutils:$DNSUTILS_TAG"
+    "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_PREV_VERSION"
+    "registry.k8s.io/e2e-test-images/nginx:$NGINX_NEW_TAG"
+    "registry.k8s.io/e2e-test-images/kitten:$KITTEN_TAG"
+    "registry.k8s.io/e2e-test-images/nautilus:$KITTEN_TAG"
+    "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG"
+    "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")
 fi
 
 marker() { echo "$done_dir/$(echo "$1" | tr '/:' '__')"; }
@@ -366,6 +398,24 @@ build_metrics_server() {
     -- "$dir/layers/metrics-server-$METRICS_SERVER_VERSION.tar"
 }
 
+# --- konnectivity-agent -----------------------------------------------------------
+# Upstream's: the static binary as /proxy-agent on distroless static. The
+# proxy's version list is not served, so `go install pkg@version` (which asks
+# for it) cannot build it: a module of its own requires the exact version.
+build_konnectivity_agent() {
+  local stage="$dir/src/proxy-agent" src="$dir/src/konnectivity-$KONNECTIVITY_VERSION"
+  rm -rf "$stage" && mkdir -p "$stage/root/etc" "$src"
+  [ -s "$src/go.mod" ] || printf 'module kube-on-kube.test/konnectivity\n\ngo %s\n' \
+    "$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')" >"$src/go.mod"
+  (cd "$src" && go get "sigs.k8s.io/apiserver-network-proxy@$KONNECTIVITY_VERSION" >&2 \
+    && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/proxy-agent" sigs.k8s.io/apiserver-network-proxy/cmd/agent)
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$stage/root/etc/passwd"
+  printf 'root:x:0:\nnobody:x:65534:\n' >"$stage/root/etc/group"
+  layer "$dir/layers/proxy-agent-$KONNECTIVITY_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/kas-network-proxy/proxy-agent:$KONNECTIVITY_VERSION" \
+    --entrypoint /proxy-agent -- "$dir/layers/proxy-agent-$KONNECTIVITY_VERSION.tar"
+}
+
 # --- the conformance suite's images (--e2e) -------------------------------------
 # busybox like upstream's: one static binary, every applet a link in /bin, the
 # users and directories the suite's commands expect.
@@ -406,6 +456,86 @@ build_dnsutils() {
     -- "$dir/layers/dnsutils-base.tar"
 }
 
+# The suite's previous agnhost: the same source as agnhost:$AGNHOST_VERSION,
+# its version stamped $AGNHOST_PREV_VERSION, so an update between the two is
+# a real change of image.
+build_agnhost_prev() {
+  local stage="$dir/src/agnhost-prev"
+  k8s_wrapper
+  [ -s "$dir/layers/agnhost-base.tar" ] || die "agnhost:$AGNHOST_VERSION first"
+  rm -rf "$stage" && mkdir -p "$stage/root"
+  (cd "$k8s_src" && gobuild build -trimpath -ldflags "-s -w -X main.Version=$AGNHOST_PREV_VERSION" \
+    -o "$stage/root/agnhost" k8s.io/kubernetes/test/images/agnhost)
+  ln -s agnhost "$stage/root/agnhost-2"
+  cp "$dir/src/agnhost/root/localhost.crt" "$dir/src/agnhost/root/localhost.key" "$stage/root/"
+  [ -x "$dir/bin/coredns" ] && cp "$dir/bin/coredns" "$stage/root/coredns"
+  mkdir -p "$stage/root/uploads"
+  layer "$dir/layers/agnhost-$AGNHOST_PREV_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_PREV_VERSION" \
+    --entrypoint /agnhost --cmd pause --exposed-ports 80/tcp,8080/tcp,8081/tcp,9376/tcp,5000/tcp \
+    -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$AGNHOST_PREV_VERSION.tar"
+}
+
+# nginx:1.15-4: the same server, a layer of its own naming the tag.
+build_nginx_new() {
+  local stage="$dir/src/nginx-new"
+  rm -rf "$stage" && mkdir -p "$stage/root/etc"
+  echo "$NGINX_NEW_TAG" >"$stage/root/etc/e2e-image-tag"
+  layer "$dir/layers/nginx-new.tar" "$stage/root"
+  push "registry.k8s.io/e2e-test-images/nginx:$NGINX_NEW_TAG" \
+    --entrypoint nginx --cmd=-g,"daemon off;" --exposed-ports 80/tcp \
+    -- "$dir/layers/nginx-base.tar" "$dir/layers/nginx-new.tar"
+}
+
+# kitten and nautilus as upstream's Dockerfiles make them: agnhost with the
+# picture and data.json at /, running test-webserver (which serves /).
+build_pet() { # kitten|nautilus
+  local pet=$1 stage="$dir/src/$1" kdir
+  k8s_wrapper
+  kdir=$(k8s_dir)
+  rm -rf "$stage" && mkdir -p "$stage/root"
+  cp "$kdir/test/images/$pet/html/$pet.jpg" "$kdir/test/images/$pet/html/data.json" "$stage/root/"
+  chmod 0644 "$stage/root/"*
+  layer "$dir/layers/$pet-$KITTEN_TAG.tar" "$stage/root"
+  push "registry.k8s.io/e2e-test-images/$pet:$KITTEN_TAG" \
+    --entrypoint /agnhost --cmd test-webserver --exposed-ports 80/tcp \
+    -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$AGNHOST_VERSION.tar" "$dir/layers/$pet-$KITTEN_TAG.tar"
+}
+
+# The sample API server of the pinned release's staging modules (upstream's
+# image is the same program, /sample-apiserver, of an older release).
+build_sample_apiserver() {
+  local stage="$dir/src/sample-apiserver" src="$dir/src/sample-apiserver-mod"
+  local staging="v0.${K8S_VERSION#v1.}"
+  rm -rf "$stage" && mkdir -p "$stage/root/tmp" "$src"
+  chmod 1777 "$stage/root/tmp"
+  [ -s "$src/go.mod" ] || printf 'module kube-on-kube.test/sample-apiserver\n\ngo %s\n' \
+    "$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')" >"$src/go.mod"
+  (cd "$src" && go get "k8s.io/sample-apiserver@$staging" >&2 \
+    && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/sample-apiserver" k8s.io/sample-apiserver)
+  layer "$dir/layers/sample-apiserver-$SAMPLE_APISERVER_TAG.tar" "$stage/root"
+  push "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG" \
+    --entrypoint /sample-apiserver -- "$dir/layers/sample-apiserver-$SAMPLE_APISERVER_TAG.tar"
+}
+
+# etcd as upstream's image has it: /usr/local/bin/etcd (and etcdctl).
+build_e2e_etcd() {
+  local stage="$dir/src/etcd-image" src="$dir/src/etcd-$E2E_ETCD_VERSION"
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin" "$stage/root/var/etcd" "$src/etcd"
+  cat >"$src/go.mod" <<GOMOD
+module kube-on-kube.test/etcd-image
+
+go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')
+
+require go.etcd.io/etcd/server/v3 v$E2E_ETCD_VERSION
+GOMOD
+  printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' >"$src/etcd/main.go"
+  (cd "$src" && go mod tidy >&2 && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/usr/local/bin/etcd" ./etcd)
+  layer "$dir/layers/etcd-$E2E_ETCD_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0" --cmd /usr/local/bin/etcd \
+    -- "$dir/layers/etcd-$E2E_ETCD_VERSION.tar"
+}
+
 for v in $PAUSE_VERSIONS; do
   [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
 done
@@ -414,10 +544,18 @@ done
 [ -s "$(marker "registry.k8s.io/kube-proxy:$K8S_VERSION")" ] || timed kube-proxy build_kube_proxy
 [ -s "$(marker "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")" ] || timed kube-router build_kube_router
 [ -s "$(marker "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")" ] || timed metrics-server build_metrics_server
+[ -s "$(marker "registry.k8s.io/kas-network-proxy/proxy-agent:$KONNECTIVITY_VERSION")" ] || timed proxy-agent build_konnectivity_agent
 if [ $e2e = yes ]; then
   [ -s "$(marker "registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG")" ] || timed busybox build_busybox
   [ -s "$(marker "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG")" ] || timed nginx build_nginx
   [ -s "$(marker "registry.k8s.io/e2e-test-images/jessie-dnsutils:$DNSUTILS_TAG")" ] || timed jessie-dnsutils build_dnsutils
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_PREV_VERSION")" ] || timed agnhost-prev build_agnhost_prev
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/nginx:$NGINX_NEW_TAG")" ] || timed nginx-new build_nginx_new
+  for pet in kitten nautilus; do
+    [ -s "$(marker "registry.k8s.io/e2e-test-images/$pet:$KITTEN_TAG")" ] || timed "$pet" build_pet "$pet"
+  done
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG")" ] || timed sample-apiserver build_sample_apiserver
+  [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_e2e_etcd
 fi
 
 have_all || die "some images are missing"
