@@ -86,9 +86,9 @@ fn missing(
     deployments_ready: &BTreeMap<String, usize>,
 ) -> Option<String> {
     let count = |m: &BTreeMap<String, usize>| m.get(name).copied().unwrap_or(0);
-    // 3 CAs, SA key, 5 leaves, 6 etcd member certs, 4 kubeconfigs, 2 users.
+    // 3 CAs, SA key, 5 leaves, 6 etcd member certs, 5 kubeconfigs, 2 users.
     let want = [
-        ("secrets", count(secrets), 3 + 1 + 5 + 6 + 4 + 2),
+        ("secrets", count(secrets), 3 + 1 + 5 + 6 + 5 + 2),
         // 2 apiserver Services, the etcd client Service, 3 member Services.
         ("services", count(services), 6),
         ("ready etcd members", count(etcd_ready), 3),
