@@ -3,8 +3,10 @@
 # tests run: the OCI registry and crane (scripts/registry-bins.sh), the node
 # artifacts — containerd, runc, the CNI plugins, crictl, the kubelet
 # (scripts/node-artifacts.sh) — and the images (scripts/node-images.sh; needs
-# root). With a warm cache it takes a second; from cold, minutes
-# (docs/testing.md lists them).
+# root), with the images of the upstream conformance suite, and the suite
+# itself (scripts/testenv-bins.sh --e2e: e2e.test and ginkgo), which
+# crates/testenv/tests/conformance.rs runs a subset of. With a warm cache it
+# takes a second; from cold, minutes (docs/testing.md lists them).
 #
 # Each script's output goes to LOG_DIR/<script>.log; its progress lines
 # ("[node-artifacts] building containerd ...") and one summary line per script
@@ -24,12 +26,14 @@ logs=${1:-$here/../target/node-software-logs}
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 
-for script in registry-bins.sh node-artifacts.sh node-images.sh; do
+for step in registry-bins.sh node-artifacts.sh "node-images.sh --e2e" "testenv-bins.sh --e2e"; do
+  read -r script args <<<"$step"
   log="$logs/${script%.sh}.log"
   t0=$(date +%s)
   # The script's last output line is its cache directory.
   set +e
-  nice -n 19 "$here/$script" 2>&1 </dev/null | tee "$log" | grep --line-buffered -E '^\[[a-z-]+\] '
+  # shellcheck disable=SC2086 # the arguments are words
+  nice -n 19 "$here/$script" $args 2>&1 </dev/null | tee "$log" | grep --line-buffered -E '^\[[a-z-]+\] '
   status=${PIPESTATUS[0]}
   set -e
   took=$(($(date +%s) - t0))
