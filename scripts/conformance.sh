@@ -8,9 +8,12 @@
 # KUBE_TEST_REPO_LIST is needed.
 #
 # The cluster is the dev environment's (kok-dev-env, as scripts/dev-env.sh
-# starts it): the example Cluster named by --cluster with its example worker,
-# plus the spare host joined as a second worker with spare-workers.yaml, as a
-# user would. Everything is stopped at the end.
+# starts it) with the examples but only the example Cluster named by
+# --cluster (the other would only take the machine's CPU): that Cluster with
+# its example worker, plus the spare host joined as a second worker with
+# spare-workers.yaml, as a user would. Everything is stopped at the end.
+# Each spec is named in the output as it ends (ginkgo -v), so a run stopped
+# early still says what ran.
 #
 # Writes to --out (default target/conformance): junit_*.xml per pass, the
 # suite's output, and summary.md (passed, failed with the failure's first
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
     --procs) procs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-serial) serial=no; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,11 +57,35 @@ target=${CARGO_TARGET_DIR:-target}/debug
 bin=$KOK_TESTENV_BIN_DIR
 export PATH="$bin:$PATH"
 
-rm -rf "$out" && mkdir -p "$out/env"
+rm -rf "$out" && mkdir -p "$out/env" "$out/examples"
 out=$(cd "$out" && pwd)
+# The examples without the other Clusters.
+python3 - "$cluster" examples "$out/examples" <<'PY'
+import glob, os, re, sys, yaml
+cluster, src, dst = sys.argv[1:4]
+found = False
+for path in sorted(glob.glob(os.path.join(src, "*.yaml")) + glob.glob(os.path.join(src, "*.yml"))):
+    # Each document's own text is kept as written; only other Clusters go.
+    kept = []
+    for text in re.split(r"(?m)^---[ \t]*$", open(path).read()):
+        doc = yaml.safe_load(text)
+        if not doc:
+            continue
+        meta = doc.get("metadata") or {}
+        if doc.get("kind") == "Cluster":
+            if f"{meta.get('namespace', 'default')}/{meta.get('name')}" != cluster:
+                continue
+            found = True
+        kept.append(text.strip("\n"))
+    if kept:
+        with open(os.path.join(dst, os.path.basename(path)), "w") as f:
+            f.write("\n---\n".join(kept) + "\n")
+if not found:
+    sys.exit(f"no example Cluster {cluster} in {src}/")
+PY
 log "starting the dev environment (its output: $out/env.log)"
-"$target/kok-dev-env" --dir "$out/env" --operators-dir "$target" --workers-cluster "$cluster" \
-  --spare-hosts 1 >"$out/env.log" 2>&1 &
+"$target/kok-dev-env" --dir "$out/env" --examples "$out/examples" --operators-dir "$target" \
+  --workers-cluster "$cluster" --spare-hosts 1 >"$out/env.log" 2>&1 &
 envpid=$!
 stop_env() {
   kill -INT $envpid 2>/dev/null || return 0
@@ -85,13 +112,13 @@ pattern='\[Conformance\]'
 started=$(date +%s)
 log "parallel pass: --ginkgo.focus='$pattern' --ginkgo.skip='\\[Serial\\]${skip:+|$skip}' with $procs processes"
 mkdir -p "$out/parallel"
-ginkgo --procs="$procs" --timeout=4h "$bin/e2e.test" -- "${common[@]}" \
+ginkgo --procs="$procs" --timeout=4h -v "$bin/e2e.test" -- "${common[@]}" \
   --report-dir="$out/parallel" --ginkgo.focus="$pattern" \
   --ginkgo.skip="\[Serial\]${skip:+|$skip}" >"$out/parallel.log" 2>&1 || true
 if [ $serial = yes ]; then
   log "serial pass: the [Serial] ones among them"
   mkdir -p "$out/serial"
-  "$bin/e2e.test" "${common[@]}" --report-dir="$out/serial" --ginkgo.focus="\[Serial\].*($pattern)" \
+  "$bin/e2e.test" "${common[@]}" --report-dir="$out/serial" --ginkgo.v --ginkgo.focus="\[Serial\].*($pattern)" \
     ${skip:+--ginkgo.skip="$skip"} --ginkgo.timeout=4h >"$out/serial.log" 2>&1 || true
 fi
 took=$(( $(date +%s) - started ))
