@@ -301,29 +301,39 @@ build_pause() { # version
 }
 
 # --- agnhost ------------------------------------------------------------------
-build_agnhost() {
-  local stage="$dir/src/agnhost" kdir
+# agnhost_layer version: the agnhost program stamped with `version`, the
+# certificates its porter serves and a coredns for the DNS specs, as one layer.
+agnhost_layer() {
+  local v=$1 stage="$dir/src/agnhost-$1" kdir
   k8s_wrapper
   kdir=$(k8s_dir)
   rm -rf "$stage" && mkdir -p "$stage/root/uploads"
-  log "building agnhost $AGNHOST_VERSION"
-  (cd "$k8s_src" && gobuild build -trimpath -ldflags "-s -w -X main.Version=$AGNHOST_VERSION" \
+  log "building agnhost $v"
+  (cd "$k8s_src" && gobuild build -trimpath -ldflags "-s -w -X main.Version=$v" \
     -o "$stage/root/agnhost" k8s.io/kubernetes/test/images/agnhost)
   ln -s agnhost "$stage/root/agnhost-2"
   cp "$kdir/test/images/agnhost/porter/localhost.crt" "$kdir/test/images/agnhost/porter/localhost.key" "$stage/root/"
   chmod 0644 "$stage/root/localhost.crt" "$stage/root/localhost.key"
   # upstream's image carries a coredns for the DNS tests
   [ -x "$dir/bin/coredns" ] && cp "$dir/bin/coredns" "$stage/root/coredns"
-  layer "$dir/layers/agnhost-$AGNHOST_VERSION.tar" "$stage/root"
+  layer "$dir/layers/agnhost-$v.tar" "$stage/root"
+}
+
+push_agnhost() { # version
+  push "registry.k8s.io/e2e-test-images/agnhost:$1" \
+    --entrypoint /agnhost --cmd pause --exposed-ports 80/tcp,8080/tcp,8081/tcp,9376/tcp,5000/tcp \
+    -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$1.tar"
+}
+
+build_agnhost() {
+  agnhost_layer "$AGNHOST_VERSION"
   # The users and group upstream's image defines for the SupplementalGroups test.
   rootfs "$dir/layers/agnhost-base.tar" bash,curl,ca-certificates,bind9-dnsutils,netcat-openbsd,iproute2,iperf \
     --customize-hook='echo "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh" >>"$1/etc/passwd"' \
     --customize-hook='echo "user-defined-in-image:x:1000:" >>"$1/etc/group"' \
     --customize-hook='echo "group-defined-in-image:x:50000:user-defined-in-image" >>"$1/etc/group"' \
     --customize-hook='ln -sf /usr/bin/iperf "$1/usr/local/bin/iperf"'
-  push "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_VERSION" \
-    --entrypoint /agnhost --cmd pause --exposed-ports 80/tcp,8080/tcp,8081/tcp,9376/tcp,5000/tcp \
-    -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$AGNHOST_VERSION.tar"
+  push_agnhost "$AGNHOST_VERSION"
 }
 
 # --- coredns ------------------------------------------------------------------
@@ -488,20 +498,9 @@ build_dnsutils() {
 # its version stamped $AGNHOST_PREV_VERSION, so an update between the two is
 # a real change of image.
 build_agnhost_prev() {
-  local stage="$dir/src/agnhost-prev"
-  k8s_wrapper
   [ -s "$dir/layers/agnhost-base.tar" ] || die "agnhost:$AGNHOST_VERSION first"
-  rm -rf "$stage" && mkdir -p "$stage/root"
-  (cd "$k8s_src" && gobuild build -trimpath -ldflags "-s -w -X main.Version=$AGNHOST_PREV_VERSION" \
-    -o "$stage/root/agnhost" k8s.io/kubernetes/test/images/agnhost)
-  ln -s agnhost "$stage/root/agnhost-2"
-  cp "$dir/src/agnhost/root/localhost.crt" "$dir/src/agnhost/root/localhost.key" "$stage/root/"
-  [ -x "$dir/bin/coredns" ] && cp "$dir/bin/coredns" "$stage/root/coredns"
-  mkdir -p "$stage/root/uploads"
-  layer "$dir/layers/agnhost-$AGNHOST_PREV_VERSION.tar" "$stage/root"
-  push "registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_PREV_VERSION" \
-    --entrypoint /agnhost --cmd pause --exposed-ports 80/tcp,8080/tcp,8081/tcp,9376/tcp,5000/tcp \
-    -- "$dir/layers/agnhost-base.tar" "$dir/layers/agnhost-$AGNHOST_PREV_VERSION.tar"
+  agnhost_layer "$AGNHOST_PREV_VERSION"
+  push_agnhost "$AGNHOST_PREV_VERSION"
 }
 
 # nginx:1.15-4: the same server, a layer of its own naming the tag.

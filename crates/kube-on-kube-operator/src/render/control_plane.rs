@@ -800,21 +800,26 @@ mod tests {
             .unwrap_or_default()
     }
 
+    /// The kube-apiserver Deployment with a fixed image and config hash.
+    fn apiserver_with(
+        c: &Cluster,
+        n: &Names,
+        advertise: Option<&str>,
+        konnectivity: Option<&Konnectivity>,
+    ) -> Deployment {
+        let inputs = PodInputs {
+            image: "kube-apiserver:v1.35.4",
+            config_hash: "h",
+        };
+        apiserver(c, n, &inputs, advertise, konnectivity)
+    }
+
     #[test]
     fn apiserver_talks_to_every_member_and_advertises_the_external_address() {
         let c = cluster(ClusterMode::Production);
         let n = Names::new(&c, "cluster.local");
         let advertise = advertised_address(&c, None);
-        let d = apiserver(
-            &c,
-            &n,
-            &PodInputs {
-                image: "kube-apiserver:v1.35.4",
-                config_hash: "h",
-            },
-            advertise.as_deref(),
-            None,
-        );
+        let d = apiserver_with(&c, &n, advertise.as_deref(), None);
         let args = args_of(&d);
         assert!(args.contains(&"--etcd-servers=https://prod-east-etcd-0.clusters.svc.cluster.local:2379,https://prod-east-etcd-1.clusters.svc.cluster.local:2379,https://prod-east-etcd-2.clusters.svc.cluster.local:2379".to_string()));
         assert!(args.contains(&"--advertise-address=192.0.2.10".to_string()));
@@ -840,16 +845,7 @@ mod tests {
             k.server_image,
             "registry.k8s.io/kas-network-proxy/proxy-server:v0.34.0"
         );
-        let d = apiserver(
-            &c,
-            &n,
-            &PodInputs {
-                image: "kube-apiserver:v1.35.4",
-                config_hash: "h",
-            },
-            None,
-            Some(&k),
-        );
+        let d = apiserver_with(&c, &n, None, Some(&k));
         let pod = d
             .spec
             .as_ref()
