@@ -44,6 +44,8 @@
 #                                            release (the aggregator test)
 #   registry.k8s.io/etcd:3.6.6-0             go.etcd.io/etcd v3.6.6 as /usr/local/bin/etcd (the
 #                                            sample API server's storage)
+#   registry.k8s.io/e2e-test-images/nonewprivs:1.3
+#                                            test/images/nonewprivs/nnp.go, set-user-ID root
 #
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
@@ -115,6 +117,7 @@ DNSUTILS_TAG=1.7
 AGNHOST_PREV_VERSION=2.55
 KITTEN_TAG=1.7
 SAMPLE_APISERVER_TAG=1.29.2
+NONEWPRIVS_TAG=1.3
 E2E_ETCD_VERSION=3.6.6
 e2e=no
 for arg in "$@"; do
@@ -132,7 +135,8 @@ if [ $e2e = yes ]; then
     "registry.k8s.io/e2e-test-images/kitten:$KITTEN_TAG"
     "registry.k8s.io/e2e-test-images/nautilus:$KITTEN_TAG"
     "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG"
-    "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")
+    "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0"
+    "registry.k8s.io/e2e-test-images/nonewprivs:$NONEWPRIVS_TAG")
 fi
 
 marker() { echo "$done_dir/$(echo "$1" | tr '/:' '__')"; }
@@ -563,6 +567,22 @@ GOMOD
     -- "$dir/layers/etcd-$E2E_ETCD_VERSION.tar"
 }
 
+# nonewprivs as upstream's Dockerfile makes it: nnp (it prints its effective
+# user ID) as /usr/local/bin/nnp, owned by root and set-user-ID, so a
+# container that may not gain privileges runs it as its own user.
+build_nonewprivs() {
+  local stage="$dir/src/nonewprivs" kdir
+  k8s_wrapper
+  kdir=$(k8s_dir)
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin"
+  (cd "$k8s_src" && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/usr/local/bin/nnp" \
+    "$kdir/test/images/nonewprivs/nnp.go")
+  chmod 4755 "$stage/root/usr/local/bin/nnp"
+  layer "$dir/layers/nonewprivs-$NONEWPRIVS_TAG.tar" "$stage/root"
+  push "registry.k8s.io/e2e-test-images/nonewprivs:$NONEWPRIVS_TAG" --cmd nnp \
+    -- "$dir/layers/nonewprivs-$NONEWPRIVS_TAG.tar"
+}
+
 for v in $PAUSE_VERSIONS; do
   [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
 done
@@ -583,6 +603,7 @@ if [ $e2e = yes ]; then
   done
   [ -s "$(marker "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG")" ] || timed sample-apiserver build_sample_apiserver
   [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_e2e_etcd
+  [ -s "$(marker "registry.k8s.io/e2e-test-images/nonewprivs:$NONEWPRIVS_TAG")" ] || timed nonewprivs build_nonewprivs
 fi
 
 have_all || die "some images are missing"

@@ -2,12 +2,14 @@
 # Installs the Debian packages the tests need (needs root):
 #
 # - for the SSH test hosts of kok-testenv: sshd, the ssh client and
-#   ssh-keygen, `ip`, `ps`/`pgrep`, and curl, which tests run on the hosts to
-#   download from the artifact server;
+#   ssh-keygen, `ip`, `ps`/`pgrep`, curl, which tests run on the hosts to
+#   download from the artifact server, and iptables, which a worker node's OS
+#   has and the CNI portmap plugin runs on the host for a Pod's hostPort;
 # - for building the worker nodes' software (scripts/node-software.sh): gcc,
 #   the static C library and strip (pause; runc links statically), pkg-config
 #   and libseccomp-dev (runc with seccomp), mmdebstrap and gpg (Debian root
-#   filesystems for the images, from the Debian mirror), python3 (a free port),
+#   filesystems for the images, from the Debian mirror), make and bzip2
+#   (busybox from its source), python3 (a free port),
 #   setcap (CoreDNS's capability) and the CA certificates (the image's, and
 #   the Go module proxy's).
 #
@@ -19,6 +21,7 @@ declare -A provides=(
   [openssh-server]=/usr/sbin/sshd
   [openssh-client]=/usr/bin/ssh
   [iproute2]=/usr/sbin/ip
+  [iptables]=/usr/sbin/iptables
   [procps]=/usr/bin/pgrep
   [curl]=/usr/bin/curl
   [gcc]=/usr/bin/gcc
