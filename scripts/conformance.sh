@@ -61,19 +61,21 @@ rm -rf "$out" && mkdir -p "$out/env" "$out/examples"
 out=$(cd "$out" && pwd)
 # The examples without the other Clusters.
 python3 - "$cluster" examples "$out/examples" <<'PY'
-import glob, os, re, sys, yaml
+import glob, os, re, sys
 cluster, src, dst = sys.argv[1:4]
 found = False
+field = lambda text, pattern: (re.search(pattern, text, re.M) or [None, None])[1]
 for path in sorted(glob.glob(os.path.join(src, "*.yaml")) + glob.glob(os.path.join(src, "*.yml"))):
-    # Each document's own text is kept as written; only other Clusters go.
+    # Each document's own text is kept as written; only other Clusters go
+    # (top-level `kind:`, and `name:`/`namespace:` under metadata).
     kept = []
     for text in re.split(r"(?m)^---[ \t]*$", open(path).read()):
-        doc = yaml.safe_load(text)
-        if not doc:
+        if not re.search(r"(?m)^[^#\s]", text):
             continue
-        meta = doc.get("metadata") or {}
-        if doc.get("kind") == "Cluster":
-            if f"{meta.get('namespace', 'default')}/{meta.get('name')}" != cluster:
+        if field(text, r"^kind:\s*(\S+)") == "Cluster":
+            name = field(text, r"^  name:\s*(\S+)")
+            namespace = field(text, r"^  namespace:\s*(\S+)") or "default"
+            if f"{namespace}/{name}" != cluster:
                 continue
             found = True
         kept.append(text.strip("\n"))
