@@ -858,7 +858,17 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         )
         .await
     };
-    let konnectivity = crate::render::addons::konnectivity(&cluster, &ctx.config.registry);
+    // The konnectivity server beside kube-apiserver, read once for the
+    // Services, the egress configuration and the Deployment. Values the
+    // add-on refuses (its condition names the field) change nothing of what
+    // runs: agents keep dialing the server they know.
+    let konnectivity = crate::render::addons::konnectivity(&cluster, &ctx.config.registry)
+        .unwrap_or_else(|_| {
+            control_plane::running_konnectivity(
+                deployments.get(&names.deployment(Component::ApiServer)),
+                services.get(&names.apiserver_external_service()),
+            )
+        });
     let internal_svc = service(control_plane::apiserver_internal_service(&cluster, &names)).await?;
     let external_svc = service(control_plane::apiserver_external_service(
         &cluster,
@@ -945,15 +955,18 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
 
     // kube-apiserver's egress selector configuration, before the Pods that
     // mount it: its traffic to the business cluster goes through the
-    // konnectivity-server beside it.
+    // konnectivity-server beside it. One object, read by its name.
     if konnectivity.is_some() {
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        let read: BTreeMap<String, ConfigMap> = list(&ctx, &maps, &names)
-            .await?
-            .into_iter()
-            .map(|m| (m.name_any(), m))
-            .collect();
         let desired = control_plane::egress_selector_config(&cluster, &names);
+        let name = names.egress_selector_config();
+        let read: BTreeMap<String, ConfigMap> = maps
+            .get_opt(&name)
+            .await
+            .map_err(Error::Kube)?
+            .map(|m| (name, m))
+            .into_iter()
+            .collect();
         apply_if_changed(&ctx, &names, &maps, &desired, &read, resource_version).await?;
     }
 
@@ -976,6 +989,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         &etcd_version,
         certificates_held.is_some(),
         advertise.as_deref(),
+        konnectivity.as_ref(),
     )
     .await?;
 

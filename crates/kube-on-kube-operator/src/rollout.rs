@@ -17,7 +17,7 @@ use kube_on_kube_api::shared::COMPONENT_LABEL;
 use crate::applied::generation;
 use crate::controller::{Context, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
-use crate::render::addons::{self, Konnectivity};
+use crate::render::addons::Konnectivity;
 use crate::render::control_plane::{self, PodInputs};
 use crate::upgrade::{self, Live, Plan, Step};
 use crate::{Error, status};
@@ -211,7 +211,8 @@ fn steps<'a>(
 /// desired version healthy on every member, `etcd_serving` how many members
 /// serve, `pki_held` whether a certificate authority or the service-account
 /// key is held (see [`crate::authorities`]), `advertise` the address
-/// kube-apiserver advertises ([`control_plane::advertised_address`]).
+/// kube-apiserver advertises ([`control_plane::advertised_address`]),
+/// `konnectivity` the server beside it, if any.
 #[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     ctx: &Context,
@@ -225,6 +226,7 @@ pub async fn reconcile(
     etcd_version: &str,
     pki_held: bool,
     advertise: Option<&str>,
+    konnectivity: Option<&Konnectivity>,
 ) -> Result<Outcome, Error> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let inputs = inputs(
@@ -237,7 +239,6 @@ pub async fn reconcile(
         etcd_version,
     );
     let plan = upgrade::plan(&inputs);
-    let konnectivity = addons::konnectivity(cluster, &ctx.config.registry);
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();
         let mounted = mounted_secrets(names, component, konnectivity.is_some());
@@ -257,7 +258,7 @@ pub async fn reconcile(
                 config_hash: &hash,
             },
             advertise,
-            konnectivity.as_ref(),
+            konnectivity,
         );
         apply_if_changed(ctx, names, &api, &desired, deployments, generation).await
     };

@@ -24,7 +24,7 @@ use common::{business_client, grant_operator, node_operator_binary, secret_value
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::{PodRunner, RUNNER_LABEL};
 use kok_testenv::wait::wait_for;
@@ -717,6 +717,73 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
     api.get(&["-n", "demo", "configmap", "demo-v2"])
         .expect("what demo 2.0.0 applied is kept");
     assert!(api.get(&["-n", "demo", "configmap", "demo-v3"]).is_none());
+
+    // konnectivity values: a valid serverPort moves the external Service's
+    // port for agents; a value the add-on refuses is reported by field and
+    // changes nothing of the server that runs (neither the port nor the
+    // kube-apiserver Deployment).
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let agent_port = async || {
+        let svc = services.get("ci-apiserver-external").await.ok()?;
+        svc.spec?
+            .ports?
+            .into_iter()
+            .find(|p| p.name.as_deref() == Some("konnectivity"))
+            .map(|p| p.port)
+    };
+    let konnectivity =
+        |values: Value| json!({"name": "konnectivity", "version": "0.34.0", "values": values});
+    set_addons(
+        &clusters,
+        json!([
+            demo_v2,
+            coredns_bumped,
+            kube_proxy_off,
+            node_operator_off,
+            konnectivity(json!({"serverPort": 9132}))
+        ]),
+    )
+    .await;
+    wait_for(
+        "the agents' port to move",
+        Duration::from_secs(90),
+        async || (agent_port().await == Some(9132)).then_some(()),
+    )
+    .await;
+    let generation = async || {
+        deployments
+            .get("ci-apiserver")
+            .await
+            .expect("the kube-apiserver Deployment")
+            .metadata
+            .generation
+    };
+    let before = generation().await;
+    set_addons(
+        &clusters,
+        json!([
+            demo_v2,
+            coredns_bumped,
+            kube_proxy_off,
+            node_operator_off,
+            konnectivity(json!({"serverPort": 9132, "serverImage": ""}))
+        ]),
+    )
+    .await;
+    let (_, reason, message) = wait_addons(
+        &clusters,
+        "AddonsReady False for the refused konnectivity value",
+        Duration::from_secs(90),
+        |(s, _, m)| s == "False" && m.contains("serverImage"),
+    )
+    .await;
+    assert_eq!(reason, "InvalidTemplate", "{message}");
+    assert!(
+        message.contains("konnectivity: values.serverImage must be an image reference, not \"\""),
+        "{message}"
+    );
+    assert_eq!(agent_port().await, Some(9132), "the server's port is kept");
+    assert_eq!(generation().await, before, "kube-apiserver is not rolled");
 
     // An unknown add-on is reported; nothing else is torn down.
     set_addons(

@@ -265,29 +265,26 @@ pub struct Konnectivity {
 /// The Cluster's konnectivity server, from its `konnectivity` add-on entry
 /// (version, `values.serverImage`, `values.serverPort`), or None when the
 /// add-on is disabled: kube-apiserver then dials nodes, Pods and Services
-/// directly, which works only where the meta-cluster routes to them.
-pub fn konnectivity(cluster: &Cluster, registry: &str) -> Option<Konnectivity> {
+/// directly, which works only where the meta-cluster routes to them. Values
+/// the add-on would refuse are an error here too, with the same message
+/// ([`konnectivity_values`]): both ends read them through one parser.
+pub fn konnectivity(cluster: &Cluster, registry: &str) -> Result<Option<Konnectivity>, String> {
     let entry = cluster.spec.addons.iter().find(|e| e.name == KONNECTIVITY);
     if entry.is_some_and(|e| !e.enabled) {
-        return None;
+        return Ok(None);
     }
     let version = entry.map_or(KONNECTIVITY_VERSION, |e| e.version.as_str());
-    let values = entry.and_then(|e| e.values.as_ref());
-    let server_image = values
-        .and_then(|v| v.get("serverImage"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| konnectivity_image(registry, "proxy-server", version));
-    let server_port = values
-        .and_then(|v| v.get("serverPort"))
-        .and_then(Value::as_i64)
-        .and_then(|p| i32::try_from(p).ok())
-        .filter(|p| (1..=65535).contains(p))
-        .unwrap_or(KONNECTIVITY_AGENT_PORT);
-    Some(Konnectivity {
-        server_image,
-        server_port,
-    })
+    // As the add-on's own plan reads them: an object, or nothing given.
+    let values = match entry.and_then(|e| e.values.as_ref()) {
+        Some(Value::Object(values)) => konnectivity_values(values)?,
+        _ => KonnectivityValues::default(),
+    };
+    Ok(Some(Konnectivity {
+        server_image: values
+            .server_image
+            .unwrap_or_else(|| konnectivity_image(registry, "proxy-server", version)),
+        server_port: values.server_port.unwrap_or(KONNECTIVITY_AGENT_PORT),
+    }))
 }
 
 fn konnectivity_image(registry: &str, program: &str, version: &str) -> String {
@@ -577,27 +574,45 @@ pub fn render(
     Ok(Rendered { objects, hash })
 }
 
-/// The `konnectivity` values the server side reads too, checked: a port
-/// the agents would dial but the external Service could not expose is an
-/// error here, not a DaemonSet that never connects.
-fn konnectivity_values(values: &Map<String, Value>) -> Result<(), String> {
-    for key in ["serverPort", "adminPort", "healthPort"] {
-        if let Some(v) = values.get(key)
-            && !v.as_i64().is_some_and(|p| (1..=65535).contains(&p))
-        {
+/// What the server side reads of the `konnectivity` values.
+#[derive(Debug, Default)]
+struct KonnectivityValues {
+    server_image: Option<String>,
+    server_port: Option<i32>,
+}
+
+/// The `konnectivity` values, checked: a port the agents would dial but the
+/// external Service could not expose is an error here, not a DaemonSet that
+/// never connects.
+fn konnectivity_values(values: &Map<String, Value>) -> Result<KonnectivityValues, String> {
+    let port = |key: &str| -> Result<Option<i32>, String> {
+        let Some(v) = values.get(key) else {
+            return Ok(None);
+        };
+        v.as_i64()
+            .filter(|p| (1..=65535).contains(p))
+            .and_then(|p| i32::try_from(p).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                format!("konnectivity: values.{key} must be a port number (1-65535), not {v}")
+            })
+    };
+    let server_port = port("serverPort")?;
+    port("adminPort")?;
+    port("healthPort")?;
+    let server_image = match values.get("serverImage") {
+        None => None,
+        Some(Value::String(image)) if !image.is_empty() => Some(image.clone()),
+        Some(v) => {
             return Err(format!(
-                "konnectivity: values.{key} must be a port number (1-65535), not {v}"
+                "konnectivity: values.serverImage must be an image reference, not {v}"
             ));
         }
-    }
-    if let Some(v) = values.get("serverImage")
-        && v.as_str().is_none_or(str::is_empty)
-    {
-        return Err(format!(
-            "konnectivity: values.serverImage must be an image reference, not {v}"
-        ));
-    }
-    Ok(())
+    };
+    Ok(KonnectivityValues {
+        server_image,
+        server_port,
+    })
 }
 
 fn string_value<'a>(values: &'a Map<String, Value>, key: &str, default: &'a str) -> &'a str {
@@ -741,6 +756,47 @@ mod tests {
         };
         // The Cluster's value wins over the template's default.
         assert_eq!(metrics.values["replicas"], 2);
+    }
+
+    #[test]
+    fn konnectivity_values_are_read_and_refused_alike_by_both_ends() {
+        let with = |values: Value| {
+            let mut c = production();
+            c.spec.addons = vec![Addon {
+                name: KONNECTIVITY.into(),
+                version: "0.33.0".into(),
+                values: Some(values),
+                enabled: true,
+            }];
+            konnectivity(&c, "mirror.local")
+        };
+        assert_eq!(
+            with(json!({})),
+            Ok(Some(Konnectivity {
+                server_image: "mirror.local/kas-network-proxy/proxy-server:v0.33.0".into(),
+                server_port: KONNECTIVITY_AGENT_PORT,
+            }))
+        );
+        assert_eq!(
+            with(json!({"serverPort": 9000, "serverImage": "mirror.local/ps:x"})),
+            Ok(Some(Konnectivity {
+                server_image: "mirror.local/ps:x".into(),
+                server_port: 9000,
+            }))
+        );
+        for (values, field) in [
+            (json!({"serverPort": 70000}), "values.serverPort"),
+            (json!({"serverPort": "8132"}), "values.serverPort"),
+            (json!({"healthPort": 0}), "values.healthPort"),
+            (json!({"serverImage": ""}), "values.serverImage"),
+            (json!({"serverImage": 3}), "values.serverImage"),
+        ] {
+            let server = with(values.clone()).expect_err("refused");
+            let addon =
+                konnectivity_values(values.as_object().expect("object")).expect_err("refused");
+            assert!(server.contains(field), "{server}");
+            assert_eq!(server, addon);
+        }
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub(crate) const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
 /// Kubeconfig identity of the konnectivity-server (it reviews the agents'
 /// tokens): `system:konnectivity-server`.
 pub const KONNECTIVITY_IDENTITY: &str = "konnectivity-server";
+/// The konnectivity-server's container in kube-apiserver's Pods.
+const KONNECTIVITY_CONTAINER: &str = "konnectivity-server";
+/// The external Service's port agents dial.
+const KONNECTIVITY_PORT_NAME: &str = "konnectivity";
 /// Where kube-apiserver and the konnectivity-server beside it share the
 /// server's socket (an emptyDir of the Pod).
 const KONNECTIVITY_SOCKET_DIR: &str = "/run/konnectivity";
@@ -449,6 +453,33 @@ pub fn apiserver(
     deployment
 }
 
+/// The konnectivity server that runs now: the image of the
+/// konnectivity-server container in kube-apiserver's Deployment and the
+/// external Service's port for agents; None when the Deployment runs none.
+pub fn running_konnectivity(
+    apiserver: Option<&Deployment>,
+    external: Option<&Service>,
+) -> Option<Konnectivity> {
+    let pod = apiserver?.spec.as_ref()?.template.spec.as_ref()?;
+    let container = pod
+        .containers
+        .iter()
+        .find(|c| c.name == KONNECTIVITY_CONTAINER)?;
+    let server_port = external
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|ports| {
+            ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(KONNECTIVITY_PORT_NAME))
+        })
+        .map_or(KONNECTIVITY_AGENT_PORT, |p| p.port);
+    Some(Konnectivity {
+        server_image: container.image.clone()?,
+        server_port,
+    })
+}
+
 /// The konnectivity-server beside kube-apiserver: it serves kube-apiserver
 /// on the shared socket and the agents on the agent port, with the
 /// apiserver's serving certificate (agents dial the same external address),
@@ -487,7 +518,7 @@ fn konnectivity_server(cluster: &Cluster, konnectivity: &Konnectivity) -> Contai
     .map(|(k, v)| format!("--{k}={v}"))
     .collect();
     Container {
-        name: "konnectivity-server".into(),
+        name: KONNECTIVITY_CONTAINER.into(),
         image: Some(konnectivity.server_image.clone()),
         command: Some(vec!["/proxy-server".into()]),
         args: Some(args),
@@ -581,7 +612,7 @@ pub fn apiserver_external_service(
     }
     if let Some(k) = konnectivity {
         ports.push(ServicePort {
-            name: Some("konnectivity".into()),
+            name: Some(KONNECTIVITY_PORT_NAME.into()),
             port: k.server_port,
             target_port: Some(IntOrString::Int(KONNECTIVITY_AGENT_PORT)),
             // Agents dial the same port on a node as on a load balancer.
@@ -840,7 +871,9 @@ mod tests {
     fn konnectivity_runs_beside_the_apiserver_and_is_exposed_to_agents() {
         let c = cluster(ClusterMode::Production);
         let n = Names::new(&c, "cluster.local");
-        let k = crate::render::addons::konnectivity(&c, "registry.k8s.io").expect("on by default");
+        let k = crate::render::addons::konnectivity(&c, "registry.k8s.io")
+            .expect("valid")
+            .expect("on by default");
         assert_eq!(
             k.server_image,
             "registry.k8s.io/kas-network-proxy/proxy-server:v0.34.0"
@@ -896,8 +929,24 @@ mod tests {
         });
         assert_eq!(
             crate::render::addons::konnectivity(&off, "registry.k8s.io"),
-            None
+            Ok(None)
         );
+    }
+
+    #[test]
+    fn the_running_konnectivity_server_is_read_back_from_what_was_applied() {
+        let c = cluster(ClusterMode::Production);
+        let n = Names::new(&c, "cluster.local");
+        let k = Konnectivity {
+            server_image: "example.org/proxy-server:v1".into(),
+            server_port: 9000,
+        };
+        let d = apiserver_with(&c, &n, None, Some(&k));
+        let svc = apiserver_external_service(&c, &n, Some(&k));
+        assert_eq!(running_konnectivity(Some(&d), Some(&svc)), Some(k));
+        let without = apiserver_with(&c, &n, None, None);
+        assert_eq!(running_konnectivity(Some(&without), Some(&svc)), None);
+        assert_eq!(running_konnectivity(None, None), None);
     }
 
     /// The Minimal example behind an external Service of `type_` on `port`,

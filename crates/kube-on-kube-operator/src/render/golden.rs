@@ -52,7 +52,8 @@ pub(crate) fn yaml<T: serde::Serialize>(objects: &[T]) -> String {
 fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<(String, String)> {
     let names = Names::new(cluster, "cluster.local");
     let config = crate::controller::Config::default();
-    let konnectivity = crate::render::addons::konnectivity(cluster, &config.registry);
+    let konnectivity =
+        crate::render::addons::konnectivity(cluster, &config.registry).expect("valid");
     let mut external =
         control_plane::apiserver_external_service(cluster, &names, konnectivity.as_ref());
     external.status = ingress.map(|ip| {
