@@ -15,10 +15,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::backoff::{Backoff, Poll};
+use kok_common::finalizer;
 use kok_common::watch::{OwnWrites, changes, hash};
-use kube::api::{
-    Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams, PropagationPolicy,
-};
+use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
@@ -751,14 +750,10 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     if cluster.metadata.deletion_timestamp.is_some() {
         return teardown(&ctx, &cluster, &names).await;
     }
-    if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
-        let mut finalizers = cluster.finalizers().to_vec();
-        finalizers.push(TEARDOWN_FINALIZER.to_string());
-        // Without it deletion still works, only slower (garbage collection
-        // alone): not a reason to stop converging the cluster.
-        if let Err(error) = set_finalizers(&clusters, &cluster, finalizers).await {
-            tracing::warn!(cluster = %names.cluster, %error, "cannot add the teardown finalizer");
-        }
+    // Without it deletion still works, only slower (garbage collection
+    // alone): not a reason to stop converging the cluster.
+    if let Err(error) = finalizer::add(&clusters, &cluster, TEARDOWN_FINALIZER).await {
+        tracing::warn!(cluster = %names.cluster, %error, "cannot add the teardown finalizer");
     }
 
     // A Cluster that waits only for its add-on step's next attempt, with
@@ -1264,28 +1259,6 @@ fn fingerprint(status: &kube_on_kube_api::cluster::ClusterStatus) -> u64 {
     ))
 }
 
-/// Replace the Cluster's finalizers, as long as it has not changed since it
-/// was read (its resourceVersion is the precondition).
-async fn set_finalizers(
-    clusters: &Api<Cluster>,
-    cluster: &Cluster,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let patch = serde_json::json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": cluster.resource_version(),
-    }});
-    clusters
-        .patch(
-            &cluster.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(Error::Kube)?;
-    Ok(())
-}
-
 /// The listed objects whose controller is one of `owners` (by UID).
 fn controlled<K: Resource>(listed: Result<Vec<K>, Error>, owners: &[String]) -> Vec<K> {
     listed
@@ -1343,7 +1316,7 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     ctx.addon_backoff.succeeded(&key);
     ctx.applied.forget(&key);
     ctx.addon_waits.forget(&key);
-    if !cluster.finalizers().iter().any(|f| f == TEARDOWN_FINALIZER) {
+    if !finalizer::has(cluster, TEARDOWN_FINALIZER) {
         return Ok(Action::await_change());
     }
     let ns = &names.namespace;
@@ -1392,13 +1365,9 @@ async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Act
     }
     tracing::info!(cluster = %names.cluster, pods = stopped, "cluster deleted: stopping its Pods");
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
-    let finalizers = cluster
-        .finalizers()
-        .iter()
-        .filter(|f| *f != TEARDOWN_FINALIZER)
-        .cloned()
-        .collect();
-    set_finalizers(&clusters, cluster, finalizers).await?;
+    finalizer::remove(&clusters, cluster, TEARDOWN_FINALIZER)
+        .await
+        .map_err(Error::Kube)?;
     Ok(Action::await_change())
 }
 

@@ -35,6 +35,7 @@ use kube_on_kube_api::{CanaryRelease, CanaryReleaseStatus, ClusterPackageVersion
 
 use crate::Error;
 use crate::rollout::{self, CANARY_ANNOTATION, CANARY_PACKAGES_ANNOTATION};
+use kok_common::finalizer;
 
 /// Field manager of the release status and of promotions into the
 /// ClusterPackageVersion.
@@ -985,7 +986,7 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
     };
     let machines_api = Api::<Machine>::all(client.clone());
     let machines = rollout::list_machines(client).await.map_err(Error::Kube)?;
-    let has_finalizer = release.finalizers().iter().any(|f| f == FINALIZER);
+    let has_finalizer = finalizer::has(&release, FINALIZER);
 
     if release.metadata.deletion_timestamp.is_some() {
         if has_finalizer {
@@ -1009,7 +1010,9 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
                 ),
             )
             .await;
-            remove_finalizer(&releases, &release).await?;
+            finalizer::remove(&releases, &release, FINALIZER)
+                .await
+                .map_err(Error::Kube)?;
         }
         return Ok(Action::await_change());
     }
@@ -1019,7 +1022,9 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
 
     let claims = plan.marks.values().any(|c| matches!(c, MarkChange::Set(_)));
     if claims && !has_finalizer {
-        add_finalizer(&releases, &release).await?;
+        finalizer::add(&releases, &release, FINALIZER)
+            .await
+            .map_err(Error::Kube)?;
     }
     if let Some(packages) = &plan.promote {
         promote(client, packages).await?;
@@ -1145,47 +1150,6 @@ async fn promote(client: &Client, targets: &BTreeMap<String, String>) -> Result<
         crate::cpv::NAME,
         &kok_common::apply::params(MANAGER),
         &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::Kube)?;
-    Ok(())
-}
-
-async fn add_finalizer(api: &Api<CanaryRelease>, release: &CanaryRelease) -> Result<(), Error> {
-    let mut finalizers = release.finalizers().to_vec();
-    finalizers.push(FINALIZER.to_string());
-    set_finalizers(api, release, finalizers).await
-}
-
-async fn remove_finalizer(api: &Api<CanaryRelease>, release: &CanaryRelease) -> Result<(), Error> {
-    let finalizers = release
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    set_finalizers(api, release, finalizers).await
-}
-
-/// Replace the finalizer list, only if the object did not change since it was
-/// read.
-async fn set_finalizers(
-    api: &Api<CanaryRelease>,
-    release: &CanaryRelease,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    // A merge patch carrying the resourceVersion fails with a conflict when
-    // the object changed since it was read.
-    let patch = serde_json::json!({
-        "metadata": {
-            "resourceVersion": release.resource_version(),
-            "finalizers": finalizers,
-        }
-    });
-    api.patch(
-        &release.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
     )
     .await
     .map_err(Error::Kube)?;

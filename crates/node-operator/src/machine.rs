@@ -32,6 +32,7 @@ use crate::repair::{Refusal, Remedy};
 use crate::rollout;
 use crate::ssh::{Session, Target};
 use crate::{Error, offboard};
+use kok_common::finalizer;
 use plan::{ClusterValues, Visit, VisitInput, Wanted};
 use status::{NODE_READY, PACKAGES_INSTALLED, REACHABLE};
 
@@ -51,8 +52,12 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
     if machine.metadata.deletion_timestamp.is_some() {
         return offboard::offboard(&machine, &ctx).await;
     }
-    if !machine.finalizers().iter().any(|f| f == FINALIZER) {
-        add_finalizer(&ctx, &machine).await?;
+    if !finalizer::has(&*machine, FINALIZER) {
+        let machines = Api::<Machine>::all(ctx.client.clone());
+        let patched = finalizer::add(&machines, &machine, FINALIZER)
+            .await
+            .map_err(Error::Kube)?;
+        ctx.wrote(&patched);
     }
     let generation = machine.metadata.generation;
     let mut st = machine.status.clone().unwrap_or_default();
@@ -139,25 +144,6 @@ async fn fail(machine: &Machine, ctx: &Context, st: &mut MachineStatus, error: &
         error.to_string(),
     )
     .await;
-}
-
-async fn add_finalizer(ctx: &Context, machine: &Machine) -> Result<(), Error> {
-    let mut finalizers = machine.finalizers().to_vec();
-    finalizers.push(FINALIZER.to_string());
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": machine.resource_version(),
-    }});
-    let patched = Api::<Machine>::all(ctx.client.clone())
-        .patch(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(Error::Kube)?;
-    ctx.wrote(&patched);
-    Ok(())
 }
 
 /// The PackageVersions `machine` should run, in install order.

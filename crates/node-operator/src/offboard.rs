@@ -9,18 +9,18 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Client, ResourceExt};
 use kube_on_kube_api::machine::{MachinePhase, MachineStatus};
 use kube_on_kube_api::{Machine, PackageVersion};
-use serde_json::json;
 
 use crate::controller::Context;
 use crate::host::{Host, Removal};
 use crate::machine::{FINALIZER, plan, ssh_target, status};
 use crate::{Error, bootstrap, drain, paths};
+use kok_common::finalizer;
 
 /// What to remove for each package the host may have: the packages the
 /// Machine's status lists and those it should run, with units and links from
@@ -73,7 +73,7 @@ pub fn removals(installed: &[String], specs: &BTreeMap<String, PackageVersion>) 
 
 pub async fn offboard(machine: &Machine, ctx: &Context) -> Result<Action, Error> {
     let name = machine.name_any();
-    if !machine.finalizers().iter().any(|f| f == FINALIZER) {
+    if !finalizer::has(machine, FINALIZER) {
         return Ok(Action::await_change());
     }
     let mut st = machine.status.clone().unwrap_or_default();
@@ -147,7 +147,9 @@ pub async fn offboard(machine: &Machine, ctx: &Context) -> Result<Action, Error>
         Err(e) => return Err(Error::Kube(e)),
     }
     bootstrap::delete_tokens(&ctx.client, &name).await?;
-    remove_finalizer(&ctx.client, machine).await?;
+    finalizer::remove(&Api::<Machine>::all(ctx.client.clone()), machine, FINALIZER)
+        .await
+        .map_err(Error::Kube)?;
     ctx.forget(&name);
     Ok(Action::await_change())
 }
@@ -202,31 +204,6 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
         .get(&machine.name_any(), &target, ctx.settings.ssh_timeouts)
         .await?;
     Host::new(&session).offboard(&removals).await
-}
-
-async fn remove_finalizer(client: &Client, machine: &Machine) -> Result<(), Error> {
-    let finalizers: Vec<String> = machine
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": machine.resource_version(),
-    }});
-    match Api::<Machine>::all(client.clone())
-        .patch(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
-    }
 }
 
 #[cfg(test)]
