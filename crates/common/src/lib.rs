@@ -8,6 +8,7 @@ pub mod client;
 pub mod conditions;
 pub mod controller;
 pub mod duration;
+pub mod events;
 pub mod finalizer;
 pub mod health;
 pub mod http;

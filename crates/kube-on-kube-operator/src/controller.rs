@@ -19,7 +19,7 @@ use kok_common::finalizer;
 use kok_common::watch::{OwnWrites, changes, hash};
 use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PropagationPolicy};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
@@ -523,16 +523,16 @@ pub(crate) async fn publish_related(
     note: String,
     related: Option<ObjectReference>,
 ) {
-    let event = Event {
+    kok_common::events::publish(
+        &ctx.recorder,
+        &cluster.object_ref(&()),
         type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: action.into(),
-        secondary: related,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
-        tracing::debug!(error = %e, "cannot publish event");
-    }
+        reason,
+        action,
+        &note,
+        related,
+    )
+    .await;
 }
 
 /// Field manager of `status.certificateAuthorities`: written apart from

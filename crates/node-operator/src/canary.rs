@@ -21,7 +21,7 @@ use kok_common::conditions::{self, Desired};
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -1163,17 +1163,17 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    let event = Event {
+    // Failures of upgrades carry what the host printed.
+    kok_common::events::publish(
+        &ctx.recorder,
+        &release.object_ref(&()),
         type_,
-        reason: reason.into(),
-        // Failures of upgrades carry what the host printed.
-        note: Some(crate::redact::text(&note)),
-        action: "Canary".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &release.object_ref(&())).await {
-        tracing::debug!(error = %e, "cannot publish event");
-    }
+        reason,
+        "Canary",
+        &crate::redact::text(&note),
+        None,
+    )
+    .await;
 }
 
 fn error_policy(release: Arc<CanaryRelease>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -10,7 +10,7 @@ use futures::{FutureExt as _, Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -272,22 +272,18 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let event = Event {
+        // Notes often carry what a host printed, so they are redacted here,
+        // whoever built them.
+        kok_common::events::publish(
+            &self.recorder,
+            &machine.object_ref(&()),
             type_,
-            reason: reason.into(),
-            // The Events API caps notes at 1 kB. Notes often carry what a
-            // host printed, so they are redacted here, whoever built them.
-            note: Some(crate::redact::text(&note).chars().take(1000).collect()),
-            action: action.into(),
-            secondary: None,
-        };
-        if let Err(e) = self
-            .recorder
-            .publish(&event, &machine.object_ref(&()))
-            .await
-        {
-            tracing::warn!(machine = %machine.name_any(), reason, error = %e, "publishing an event");
-        }
+            reason,
+            action,
+            &crate::redact::text(&note),
+            None,
+        )
+        .await;
     }
 
     fn failed(&self, key: &str) -> u32 {

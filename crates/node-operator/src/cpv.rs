@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired};
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -294,16 +294,16 @@ pub async fn reconcile(
             (ROLLED_OUT, true) => (EventType::Normal, "RolledOut", summary.describe(&cpv)),
             _ => continue,
         };
-        let event = Event {
-            type_: type_ev,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Rollout".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &cpv.object_ref(&())).await {
-            tracing::debug!(error = %e, "cannot publish event");
-        }
+        kok_common::events::publish(
+            &ctx.recorder,
+            &cpv.object_ref(&()),
+            type_ev,
+            reason,
+            "Rollout",
+            &note,
+            None,
+        )
+        .await;
     }
     if before != status {
         let api = Api::<ClusterPackageVersion>::all(client.clone());
