@@ -515,25 +515,6 @@ fn node_state(node: &Node) -> u64 {
     h.finish()
 }
 
-/// Observe one object of any of the watched kinds.
-pub async fn observe<K>(obj: Arc<K>, _ctx: Arc<Context>) -> Result<Action, Error>
-where
-    K: Resource<DynamicType = ()>,
-{
-    tracing::info!(kind = %K::kind(&()), name = %obj.name_any(), generation = ?obj.meta().generation, "observed");
-    Ok(Action::await_change())
-}
-
-/// Transient failures are retried with a delay; the controller runtime adds its
-/// own backoff on top for repeated failures.
-pub fn error_policy<K>(obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action
-where
-    K: Resource<DynamicType = ()>,
-{
-    tracing::warn!(kind = %K::kind(&()), name = %obj.name_any(), category = error.category(), %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(15))
-}
-
 /// Backoff for a Machine after `failures` consecutive failures: 2 s doubling
 /// to 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
