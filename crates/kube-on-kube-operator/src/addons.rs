@@ -24,7 +24,7 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::shared::{CLUSTER_LABEL, COMPONENT_LABEL};
 use serde::{Deserialize, Serialize};
 
-use crate::controller::{Context, MANAGER};
+use crate::context::{Context, MANAGER};
 use crate::names::{Component, Names};
 use crate::render::addons::{self as render, Facts, Plan, Settings};
 use crate::render::control_plane::internal_api_url;
@@ -474,7 +474,7 @@ async fn addon_event(
         field_path: Some(format!("data[{INVENTORY_KEY}].{addon}")),
         ..Default::default()
     };
-    crate::controller::publish_related(
+    crate::context::publish_related(
         ctx,
         inputs.cluster,
         type_,

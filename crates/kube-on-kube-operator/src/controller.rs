@@ -1,63 +1,37 @@
-//! The Cluster controller: its shared context, the reconcile (fetch → build →
-//! apply → status) and the error policy.
+//! The Cluster controller's pass: the reconcile (fetch → build → apply →
+//! status), when it runs again, and the error policy. Its shared context is
+//! in [`crate::context`], its watches in [`crate::watches`], a deleted
+//! Cluster's teardown in [`crate::teardown`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
-
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
-};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kok_common::backoff::{Backoff, Poll};
 use kok_common::finalizer;
-use kok_common::watch::{OwnWrites, changes, hash};
-use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, PropagationPolicy};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{EventType, Recorder, Reporter};
-use kube::runtime::{WatchStreamExt as _, reflector, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kok_common::watch::hash;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{AuthorityFingerprints, ExposureType};
-use kube_on_kube_api::shared::CLUSTER_LABEL;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use time::OffsetDateTime;
 
-use crate::addon_wait::{AddonWaits, Wait};
-use crate::applied::{Applied, Version, desired_hash, resource_version};
+use crate::addon_wait::Wait;
+use crate::applied::resource_version;
+use crate::context::{Context, MANAGER, apply_if_changed, apply_over, list, publish};
 use crate::names::{Component, Names};
-use crate::render::config_hash;
 use crate::render::control_plane;
 use crate::render::etcd;
+use crate::teardown::{TEARDOWN_FINALIZER, teardown};
 use crate::{Error, addons, authorities, certs, rollout, secrets, status};
-
-/// Finalizer through which a deleted Cluster's processes are stopped at once
-/// rather than each after its own graceful shutdown (see [`teardown`]).
-pub const TEARDOWN_FINALIZER: &str = "kubeonkube.io/teardown";
-
-/// Seconds a deleted Cluster's Pods get between SIGTERM and SIGKILL.
-const TEARDOWN_GRACE_SECONDS: i64 = 1;
 
 /// The longest a settled Cluster waits for its next reconcile.
 const IDLE_RECHECK: Duration = Duration::from_secs(3600);
-
-/// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
-/// Short, because the first attempts often meet a business API that has just
-/// started (replicas Ready before every one is reachable) and answers
-/// seconds later.
-const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
-const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
-
-/// A converging Cluster is looked at again this soon after its status
-/// changed, doubling while it does not, up to [`POLL_MAX`].
-const POLL_FIRST: Duration = Duration::from_secs(5);
-const POLL_MAX: Duration = Duration::from_secs(60);
 
 /// A converging Cluster that waits only for its Pods and Deployments to
 /// become Ready is woken by their watch events; it is looked at again after
@@ -74,345 +48,8 @@ const SHUTDOWN_RECHECK: Duration = Duration::from_secs(2);
 /// reads is looked at again this soon (see [`limited`]).
 const LIMITED_RECHECK: Duration = Duration::from_secs(120);
 
-/// Field manager of everything this operator applies.
-pub const MANAGER: &str = "kube-on-kube-operator";
-
-/// Settings of the operator itself.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// DNS domain of the meta-cluster (for Service names in certificates and URLs).
-    pub meta_domain: String,
-    /// Registry the component images come from.
-    pub registry: String,
-    /// etcd version used when the Cluster does not set one.
-    pub etcd_version: String,
-    /// Image of the node-operator each Cluster gets (default:
-    /// `<registry>/node-operator:<operator version>`).
-    pub node_operator_image: Option<String>,
-    /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
-    /// its own namespace's.
-    pub addon_template_namespace: Option<String>,
-    /// First wait before a failed add-on step is tried again; it doubles up
-    /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
-    pub addon_retry: Duration,
-    /// The images and hostPaths a Cluster may ask for beyond the defaults.
-    pub policy: crate::policy::Policy,
-    /// How much one list of a namespace may return.
-    pub limits: crate::bounded::Limits,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            meta_domain: "cluster.local".into(),
-            registry: "registry.k8s.io".into(),
-            etcd_version: "3.6.16".into(),
-            node_operator_image: None,
-            addon_template_namespace: None,
-            addon_retry: ADDON_RETRY_FIRST,
-            policy: Default::default(),
-            limits: Default::default(),
-        }
-    }
-}
-
-/// What every reconcile shares.
-pub struct Context {
-    /// Client of the meta-cluster.
-    pub client: Client,
-    /// Publishes Events on Clusters.
-    pub recorder: Recorder,
-    /// The operator's settings.
-    pub config: Config,
-    /// Clusters whose add-on step failed: it is retried with backoff, not on
-    /// every reconcile (an unreachable business API would otherwise be dialled
-    /// each time anything of the Cluster changes).
-    pub addon_backoff: Backoff<addons::Report>,
-    /// How soon converging Clusters are looked at again (see [`Poll`]).
-    pub polls: Poll,
-    /// What the last applies returned, to skip unchanged ones.
-    pub applied: Applied,
-    /// Clusters that wait only for their add-on step's next attempt, which
-    /// then needs no full pass (see [`crate::addon_wait`]).
-    pub addon_waits: AddonWaits,
-}
-
-impl Context {
-    /// A context with no failures recorded yet.
-    pub fn new(client: Client, recorder: Recorder, config: Config) -> Self {
-        let retry = config.addon_retry;
-        Context {
-            client,
-            recorder,
-            config,
-            addon_backoff: Backoff::new(retry, retry.max(ADDON_RETRY_MAX)),
-            polls: Poll::new(POLL_FIRST, POLL_MAX),
-            applied: Applied::default(),
-            addon_waits: AddonWaits::default(),
-        }
-    }
-}
-
-/// Run the Cluster controller until SIGTERM/SIGINT. `namespace` limits it to one
-/// namespace; `None` watches all.
-pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, config: Config) {
-    let namespace = namespace.as_deref();
-    fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
-    let selector = watcher::Config::default().labels(CLUSTER_LABEL);
-    let reporter = Reporter {
-        controller: MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        Recorder::new(client.clone(), reporter),
-        config,
-    ));
-    let controller_config = kube::runtime::controller::Config::default().concurrency(concurrency);
-    // A Cluster wakes its reconcile when what it asks for changes, not when
-    // its status does: only the reconcile writes the status, and it already
-    // knows what it wrote (each status change woke one more pass that found
-    // nothing to do).
-    let (store, writer) = reflector::store();
-    let clusters = watcher(
-        scoped::<Cluster>(&client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .applied_objects()
-    .predicate_filter(wakes, Default::default())
-    .inspect({
-        let ctx = ctx.clone();
-        move |event| {
-            if let Ok(cluster) = event {
-                let ns = cluster.namespace().unwrap_or_default();
-                ctx.addon_waits
-                    .touch(&format!("{ns}/{}", cluster.name_any()));
-            }
-        }
-    });
-    // What wakes a Cluster, read no further than needed: the metadata of its
-    // Secrets, Services and claims (created, edited or deleted: the watch
-    // sends each change's metadata, without the certificates and keys), and
-    // of Pods only the etcd members, the only ones a Cluster owns (a
-    // Deployment's Pods belong to its ReplicaSets).
-    fn metadata<K>(
-        api: Api<PartialObjectMeta<K>>,
-        selector: &watcher::Config,
-    ) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
-    where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    {
-        kok_common::watch::touched(watcher(api, selector.clone()).default_backoff())
-    }
-    let members =
-        watcher::Config::default().labels(&format!("{CLUSTER_LABEL},{}", etcd::MEMBER_LABEL));
-    let controller = Controller::for_stream(clusters, store)
-        .with_config(controller_config)
-        .owns_stream(ends_addon_waits(
-            ctx.clone(),
-            metadata(
-                scoped::<PartialObjectMeta<Secret>>(&client, namespace),
-                &selector,
-            ),
-        ))
-        .owns_stream(ends_addon_waits(
-            ctx.clone(),
-            changes::<Cluster, _>(scoped::<Pod>(&client, namespace), members, pod_fingerprint),
-        ))
-        .owns_stream(ends_addon_waits(
-            ctx.clone(),
-            metadata(
-                scoped::<PartialObjectMeta<Service>>(&client, namespace),
-                &selector,
-            ),
-        ))
-        .owns_stream(ends_addon_waits(
-            ctx.clone(),
-            changes::<Cluster, _>(
-                scoped::<Deployment>(&client, namespace),
-                selector.clone(),
-                deployment_fingerprint,
-            ),
-        ))
-        .owns_stream(ends_addon_waits(
-            ctx.clone(),
-            metadata(
-                scoped::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace),
-                &selector,
-            ),
-        ))
-        .owns_stream(ends_addon_waits(
-            ctx.clone(),
-            metadata(
-                scoped::<PartialObjectMeta<PodDisruptionBudget>>(&client, namespace),
-                &selector,
-            ),
-        ));
-    kok_common::controller::run(
-        "cluster",
-        controller,
-        reconcile,
-        error_policy,
-        ctx,
-        Error::category,
-    )
-    .await;
-}
-
-/// Passes on the events of a Cluster's objects, ending the Cluster's wait
-/// for an add-on retry with each (see [`crate::addon_wait`]).
-fn ends_addon_waits<K, S>(ctx: Arc<Context>, events: S) -> impl futures::Stream<Item = S::Item>
-where
-    K: Resource,
-    S: futures::Stream<Item = Result<K, watcher::Error>>,
-{
-    events.inspect(move |event| {
-        if let Ok(object) = event {
-            let ns = object.meta().namespace.as_deref().unwrap_or_default();
-            for owner in object
-                .owner_references()
-                .iter()
-                .filter(|o| o.kind == "Cluster")
-            {
-                ctx.addon_waits.touch(&format!("{ns}/{}", owner.name));
-            }
-        }
-    })
-}
-
-/// What the reconcile reads of a member Pod (see `etcd::pod_state`, the
-/// rollout and teardown): its other writes, as being scheduled or a probe
-/// time, wake nothing.
-fn pod_fingerprint(pod: &Pod) -> u64 {
-    let m = &pod.metadata;
-    let status = pod.status.as_ref();
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status.clone());
-    let images: Vec<Option<&str>> = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .map(|c| c.image.as_deref())
-        .collect();
-    hash(&(
-        &m.labels,
-        &m.annotations,
-        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-        status.and_then(|s| s.phase.as_deref()),
-        ready,
-        crate::etcd::restarts(pod),
-        images,
-    ))
-}
-
-/// What the reconcile reads of a Deployment: its generation and replica
-/// counts (the status conditions' own updates wake nothing).
-fn deployment_fingerprint(d: &Deployment) -> u64 {
-    let m = &d.metadata;
-    let s = d.status.as_ref();
-    hash(&(
-        m.generation,
-        &m.labels,
-        &m.annotations,
-        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-        s.and_then(|s| s.observed_generation),
-        s.and_then(|s| s.replicas),
-        s.and_then(|s| s.updated_replicas),
-        s.and_then(|s| s.ready_replicas),
-        s.and_then(|s| s.available_replicas),
-    ))
-}
-
-/// What of a Cluster wakes its reconcile: spec (its generation), labels,
-/// annotations, finalizers and deletion; not its status.
-fn wakes(cluster: &Cluster) -> Option<u64> {
-    let m = &cluster.metadata;
-    Some(hash(&(
-        m.generation,
-        &m.labels,
-        &m.annotations,
-        &m.finalizers,
-        m.deletion_timestamp.as_ref().map(|t| t.0.as_second()),
-    )))
-}
-
 fn to_jiff(t: OffsetDateTime) -> Timestamp {
     Timestamp::from_second(t.unix_timestamp()).unwrap_or(Timestamp::UNIX_EPOCH)
-}
-
-/// The Cluster's objects of one kind, read within the operator's limits
-/// (see [`crate::bounded`]).
-pub(crate) async fn list<K>(ctx: &Context, api: &Api<K>, names: &Names) -> Result<Vec<K>, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    let params = ListParams::default().labels(&format!("{CLUSTER_LABEL}={}", names.cluster));
-    Ok(crate::bounded::list(api, &names.namespace, &params, &ctx.config.limits).await?)
-}
-
-pub(crate) async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    apply_over(api, obj, None).await
-}
-
-/// [`apply`] with the live object when the caller has read it (see
-/// [`crate::ownership::guard`]): an object another owner controls is not
-/// written, and what the API server refuses is an [`Error::Rejected`].
-pub(crate) async fn apply_over<K>(api: &Api<K>, obj: &K, live: Option<&K>) -> Result<K, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    crate::ownership::guard(api, obj, live).await?;
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let written = kok_common::apply::apply(api, MANAGER, &name, obj)
-        .await
-        .map_err(|e| match e {
-            kok_common::Error::Api(e) => Error::writing(&K::kind(&()), &name, e),
-            other => Error::Common(other),
-        })?;
-    OwnWrites::global().record(&written);
-    Ok(written)
-}
-
-/// Apply `desired` unless its live copy in `read` (the Cluster's objects of
-/// its kind, by name) is still what its last apply returned (see
-/// [`crate::applied`]); the live object, or what the apply returned.
-pub(crate) async fn apply_if_changed<K>(
-    ctx: &Context,
-    names: &Names,
-    api: &Api<K>,
-    desired: &K,
-    read: &BTreeMap<String, K>,
-    version: Version<K>,
-) -> Result<K, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    let key = names.key();
-    let want = desired_hash(desired);
-    let live = desired.meta().name.as_ref().and_then(|n| read.get(n));
-    if let Some(live) = live
-        && ctx.applied.unchanged(&key, want, live, version)
-    {
-        return Ok(live.clone());
-    }
-    let written = apply_over(api, desired, live).await?;
-    ctx.applied.record(&key, want, &written, version);
-    Ok(written)
 }
 
 /// The URL users and kubelets reach the business API at.
@@ -473,66 +110,6 @@ fn service_ips(services: &[&Service]) -> Vec<IpAddr> {
         }
     }
     out
-}
-
-fn secret_bytes<'a>(
-    secrets: &'a BTreeMap<String, Secret>,
-    names: &[String],
-) -> Vec<(String, &'a [u8])> {
-    let mut out = Vec::new();
-    for name in names {
-        if let Some(data) = secrets.get(name).and_then(|s| s.data.as_ref()) {
-            for (k, v) in data {
-                out.push((format!("{name}/{k}"), v.0.as_slice()));
-            }
-        }
-    }
-    out
-}
-
-pub(crate) fn hash_of(secrets: &BTreeMap<String, Secret>, names: &[String], extra: &str) -> String {
-    let entries = secret_bytes(secrets, names);
-    config_hash(
-        entries
-            .iter()
-            .map(|(k, v)| (k.as_str(), *v))
-            .chain(std::iter::once(("spec", extra.as_bytes()))),
-    )
-}
-
-pub(crate) async fn publish(
-    ctx: &Context,
-    cluster: &Cluster,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    publish_related(ctx, cluster, type_, reason, action, note, None).await;
-}
-
-/// [`publish`] with a related object (the Event's `related`). The recorder
-/// counts Events of one reason and action as one series whatever their notes
-/// say; Events about different related objects stay apart.
-pub(crate) async fn publish_related(
-    ctx: &Context,
-    cluster: &Cluster,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-    related: Option<ObjectReference>,
-) {
-    kok_common::events::publish(
-        &ctx.recorder,
-        &cluster.object_ref(&()),
-        type_,
-        reason,
-        action,
-        &note,
-        related,
-    )
-    .await;
 }
 
 /// Field manager of `status.certificateAuthorities`: written apart from
@@ -1259,118 +836,6 @@ fn fingerprint(status: &kube_on_kube_api::cluster::ClusterStatus) -> u64 {
     ))
 }
 
-/// The listed objects whose controller is one of `owners` (by UID).
-fn controlled<K: Resource>(listed: Result<Vec<K>, Error>, owners: &[String]) -> Vec<K> {
-    listed
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|o| crate::ownership::controller(o.meta()).is_some_and(|c| owners.contains(&c.uid)))
-        .collect()
-}
-
-/// Delete `object` (that very one: its UID is the precondition), already
-/// gone being fine; whether it was asked for. Failures are only logged:
-/// garbage collection deletes it anyway.
-async fn delete_quietly<K>(api: &Api<K>, object: &K, params: &DeleteParams) -> bool
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let name = object.meta().name.clone().unwrap_or_default();
-    let params = DeleteParams {
-        preconditions: Some(kube::api::Preconditions {
-            uid: object.meta().uid.clone(),
-            resource_version: None,
-        }),
-        ..params.clone()
-    };
-    match api.delete(&name, &params).await {
-        Ok(_) => true,
-        Err(kube::Error::Api(e)) if e.code == 404 => false,
-        Err(error) => {
-            tracing::warn!(object = %name, %error, "cannot delete during teardown");
-            false
-        }
-    }
-}
-
-/// A deleted Cluster: stop its processes now, then let garbage collection
-/// remove the rest.
-///
-/// Garbage collection alone deletes the Pods with their own grace periods,
-/// and the control plane's graceful shutdown then waits on parts that are
-/// going away at the same moment: kube-apiserver tries to remove its lease
-/// and drain requests from an etcd that is shutting down, etcd waits for
-/// kube-apiserver's watch streams, and the node-operator tries to release
-/// its lease on a business API that is gone; the Pods are then killed only
-/// when their grace periods run out, tens of seconds later. That shutdown
-/// matters while a component is rolled (etcd hands over leadership,
-/// kube-apiserver finishes requests), so the Pod templates keep their grace
-/// periods; when the whole cluster is deleted there is nothing left to hand
-/// over to, and the Pods are deleted with a short grace period instead.
-/// Deployments and ReplicaSets go first so that nothing replaces the Pods.
-/// Every step is best effort: what it cannot do, garbage collection does at
-/// its own pace, and the finalizer is removed regardless.
-async fn teardown(ctx: &Context, cluster: &Cluster, names: &Names) -> Result<Action, Error> {
-    let key = names.key();
-    ctx.polls.forget(&key);
-    ctx.addon_backoff.succeeded(&key);
-    ctx.applied.forget(&key);
-    ctx.addon_waits.forget(&key);
-    if !finalizer::has(cluster, TEARDOWN_FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    let ns = &names.namespace;
-    let client = &ctx.client;
-    let background = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..Default::default()
-    };
-    // Only what the Cluster controls, directly or through its Deployments:
-    // the label alone is no proof (anyone who may create Pods in the
-    // namespace can set it, and another Cluster's objects may carry it).
-    // The chain is read whole before anything is deleted: garbage collection
-    // removes a deleted Deployment's ReplicaSets within moments, and Pods
-    // whose ReplicaSet was no longer listed would not be known as the
-    // Cluster's.
-    let mut owners: Vec<String> = cluster.uid().into_iter().collect();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let owned_deployments = controlled(list(ctx, &deployments, names).await, &owners);
-    owners.extend(owned_deployments.iter().filter_map(|d| d.uid()));
-    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
-    let owned_replica_sets = controlled(list(ctx, &replica_sets, names).await, &owners);
-    owners.extend(owned_replica_sets.iter().filter_map(|rs| rs.uid()));
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let owned_pods = controlled(list(ctx, &pods, names).await, &owners);
-    for d in &owned_deployments {
-        delete_quietly(&deployments, d, &background).await;
-    }
-    for rs in &owned_replica_sets {
-        delete_quietly(&replica_sets, rs, &background).await;
-    }
-    let quick = DeleteParams {
-        grace_period_seconds: Some(TEARDOWN_GRACE_SECONDS as u32),
-        ..background
-    };
-    let mut stopped = 0;
-    for p in &owned_pods {
-        if p.metadata
-            .deletion_grace_period_seconds
-            .is_some_and(|g| g <= TEARDOWN_GRACE_SECONDS)
-        {
-            continue;
-        }
-        if delete_quietly(&pods, p, &quick).await {
-            stopped += 1;
-        }
-    }
-    tracing::info!(cluster = %names.cluster, pods = stopped, "cluster deleted: stopping its Pods");
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
-    finalizer::remove(&clusters, cluster, TEARDOWN_FINALIZER)
-        .await
-        .map_err(Error::Kube)?;
-    Ok(Action::await_change())
-}
-
 /// Transient failures are retried with a delay; the controller runtime adds its
 /// own backoff on top for repeated failures.
 pub fn error_policy(cluster: Arc<Cluster>, error: &Error, _ctx: Arc<Context>) -> Action {
@@ -1379,50 +844,9 @@ pub fn error_policy(cluster: Arc<Cluster>, error: &Error, _ctx: Arc<Context>) ->
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-    use kube_on_kube_api::cluster::ClusterStatus;
-
-    fn cluster() -> Cluster {
-        let mut c: Cluster =
-            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-                .expect("example");
-        c.metadata.generation = Some(1);
-        c
-    }
-
-    #[test]
-    fn a_status_change_does_not_wake_a_cluster_and_a_spec_change_does() {
-        let before = cluster();
-        let mut status_only = before.clone();
-        status_only.status = Some(ClusterStatus {
-            conditions: vec![Condition {
-                type_: "Ready".into(),
-                status: "True".into(),
-                reason: "Ready".into(),
-                message: String::new(),
-                last_transition_time: Time(Timestamp::UNIX_EPOCH),
-                observed_generation: Some(1),
-            }],
-            ..Default::default()
-        });
-        status_only.metadata.resource_version = Some("2".into());
-        assert_eq!(wakes(&before), wakes(&status_only));
-
-        let mut spec = before.clone();
-        spec.metadata.generation = Some(2);
-        assert_ne!(wakes(&before), wakes(&spec));
-        let mut deleted = before.clone();
-        deleted.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
-        assert_ne!(wakes(&before), wakes(&deleted));
-        let mut finalized = before.clone();
-        finalized.metadata.finalizers = Some(vec![TEARDOWN_FINALIZER.into()]);
-        assert_ne!(wakes(&before), wakes(&finalized));
-        let mut annotated = before;
-        annotated.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
-        assert_ne!(wakes(&cluster()), wakes(&annotated));
-    }
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn report(settled: bool, pods: Vec<Pod>) -> crate::etcd::Report {
         crate::etcd::Report {
@@ -1446,7 +870,7 @@ mod tests {
         }
     }
 
-    fn member(ready: bool, restarts: i32) -> Pod {
+    pub(crate) fn member(ready: bool, restarts: i32) -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "etcd-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
             "status": {
@@ -1487,53 +911,5 @@ mod tests {
         assert!(!waits_on_watches(&report(false, vec![member(true, 0)])));
         // A restarting member is judged failed after a while, with no event.
         assert!(!waits_on_watches(&report(false, vec![member(false, 2)])));
-    }
-
-    #[test]
-    fn only_what_the_reconcile_reads_of_pods_and_deployments_wakes_it() {
-        let pending = member(false, 0);
-        let mut scheduled = pending.clone();
-        scheduled.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-            node_name: Some("n1".into()),
-            ..Default::default()
-        });
-        if let Some(c) = scheduled
-            .status
-            .as_mut()
-            .and_then(|s| s.conditions.as_mut())
-        {
-            c.push(
-                serde_json::from_value(serde_json::json!(
-                    {"type": "PodScheduled", "status": "True"}
-                ))
-                .expect("condition"),
-            );
-        }
-        assert_eq!(pod_fingerprint(&pending), pod_fingerprint(&scheduled));
-        assert_ne!(pod_fingerprint(&pending), pod_fingerprint(&member(true, 0)));
-        assert_ne!(
-            pod_fingerprint(&pending),
-            pod_fingerprint(&member(false, 1))
-        );
-
-        let deployment = |ready: i32, condition: &str| -> Deployment {
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "d", "generation": 1},
-                "status": {
-                    "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
-                    "readyReplicas": ready, "availableReplicas": ready,
-                    "conditions": [{"type": "Progressing", "status": "True", "reason": condition}]
-                }
-            }))
-            .expect("deployment")
-        };
-        assert_eq!(
-            deployment_fingerprint(&deployment(0, "ReplicaSetUpdated")),
-            deployment_fingerprint(&deployment(0, "NewReplicaSetAvailable"))
-        );
-        assert_ne!(
-            deployment_fingerprint(&deployment(0, "ReplicaSetUpdated")),
-            deployment_fingerprint(&deployment(1, "ReplicaSetUpdated"))
-        );
     }
 }

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use crate::Error;
 use crate::applied::resource_version;
-use crate::controller::{Config, Context, apply_if_changed, hash_of, list, publish};
+use crate::context::{Config, Context, apply_if_changed, hash_of, list, publish};
 use crate::etcd_api::{EtcdClient, EtcdError, Member, Status};
 use crate::membership::{self, ClaimState, ClusterState, Observed, PodState, Slot, Step};
 use crate::names::Names;
@@ -655,7 +655,7 @@ pub async fn reconcile(
         Step::RollFailed { index, reason } => {
             // Once, as the roll stops.
             if etcd_ready_reason(cluster) != Some(ROLL_FAILED) {
-                crate::controller::publish_related(
+                crate::context::publish_related(
                     ctx,
                     cluster,
                     EventType::Warning,
@@ -1105,7 +1105,7 @@ impl Act<'_> {
                 let api: Api<Service> =
                     Api::namespaced(self.ctx.client.clone(), &self.names.namespace);
                 let unpinned = render::member_service(self.cluster, self.names, *index);
-                crate::controller::apply(&api, &unpinned).await?;
+                crate::context::apply(&api, &unpinned).await?;
             }
             Step::DeleteClaim { index } => {
                 if self.cluster.spec.etcd.storage.claim_template.is_some() {
@@ -1218,7 +1218,7 @@ impl Act<'_> {
     /// the same change to different members is not folded into one series.
     async fn member_event(&self, index: Option<usize>, reason: &str, action: &str, note: String) {
         let related = index.map(|i| pod_ref(self.names, i));
-        crate::controller::publish_related(
+        crate::context::publish_related(
             self.ctx,
             self.cluster,
             EventType::Normal,

@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.log.init();
     let client = args.client.connect("the meta-cluster").await?;
-    let config = kube_on_kube_operator::controller::Config {
+    let config = kube_on_kube_operator::context::Config {
         meta_domain: args.meta_cluster_domain,
         registry: args.image_registry,
         etcd_version: args.etcd_version,

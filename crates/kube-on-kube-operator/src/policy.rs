@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired};
 use kube_on_kube_api::cluster::{ALLOWED, Cluster, ClusterPhase, ClusterStatus};
 
-use crate::controller::Config;
+use crate::context::Config;
 use crate::names::Component;
 
 /// Flag of [`Policy::images`].

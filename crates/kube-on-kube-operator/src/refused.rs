@@ -17,7 +17,7 @@ use kube::runtime::events::EventType;
 use kube_on_kube_api::cluster::{Cluster, ClusterPhase, ClusterStatus, READY};
 
 use crate::Error;
-use crate::controller::{Context, MANAGER, publish_related};
+use crate::context::{Context, MANAGER, publish_related};
 
 /// Condition reason: an object the Cluster needs has a name another owner's
 /// object holds.

@@ -15,7 +15,7 @@ use kube_on_kube_api::cluster::ComponentSpec;
 use kube_on_kube_api::shared::COMPONENT_LABEL;
 
 use crate::applied::generation;
-use crate::controller::{Context, apply_if_changed, hash_of, publish};
+use crate::context::{Context, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
 use crate::render::addons::Konnectivity;
 use crate::render::control_plane::{self, PodInputs};

@@ -17,7 +17,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube_on_kube_api::cluster::ClusterMode;
 use kube_on_kube_api::{Cluster, ClusterStatus};
-use kube_on_kube_operator::controller::{Config, Context, WATCHED_RECHECK, reconcile};
+use kube_on_kube_operator::context::{Config, Context};
+use kube_on_kube_operator::controller::{WATCHED_RECHECK, reconcile};
 
 async fn converge(
     ctx: &Arc<Context>,
@@ -280,7 +281,7 @@ async fn a_cluster_waiting_for_its_pods_is_woken_by_them_not_polled() {
     // The operator's controller, watching the namespace: a node the Pods
     // can run on makes it converge through the Pods' and Deployments'
     // events, long before the recheck.
-    let controller = tokio::spawn(kube_on_kube_operator::controller::run(
+    let controller = tokio::spawn(kube_on_kube_operator::run(
         client.clone(),
         Some(ns.clone()),
         4,

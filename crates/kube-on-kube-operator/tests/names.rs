@@ -21,7 +21,8 @@ use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, READY};
-use kube_on_kube_operator::controller::{Config, Context, MANAGER, reconcile};
+use kube_on_kube_operator::context::{Config, Context, MANAGER};
+use kube_on_kube_operator::controller::reconcile;
 use kube_on_kube_operator::refused::{NAME_CONFLICT, OBJECT_REJECTED, RECHECK};
 use serde_json::json;
 

@@ -1,0 +1,239 @@
+//! What every Cluster pass shares: the operator's settings ([`Config`]),
+//! the state kept between passes ([`Context`]), and the helpers each step
+//! reads and writes the meta-cluster with (bounded lists, applies that skip
+//! unchanged objects, Events on the Cluster).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use kok_common::backoff::{Backoff, Poll};
+use kok_common::watch::OwnWrites;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::{EventType, Recorder};
+use kube::{Client, Resource};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::shared::CLUSTER_LABEL;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::Error;
+use crate::addon_wait::AddonWaits;
+use crate::addons;
+use crate::applied::{Applied, Version, desired_hash};
+use crate::names::Names;
+use crate::render::config_hash;
+
+/// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
+/// Short, because the first attempts often meet a business API that has just
+/// started (replicas Ready before every one is reachable) and answers
+/// seconds later.
+const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
+const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// A converging Cluster is looked at again this soon after its status
+/// changed, doubling while it does not, up to [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_secs(5);
+const POLL_MAX: Duration = Duration::from_secs(60);
+
+/// Field manager of everything this operator applies.
+pub const MANAGER: &str = "kube-on-kube-operator";
+
+/// Settings of the operator itself.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// DNS domain of the meta-cluster (for Service names in certificates and URLs).
+    pub meta_domain: String,
+    /// Registry the component images come from.
+    pub registry: String,
+    /// etcd version used when the Cluster does not set one.
+    pub etcd_version: String,
+    /// Image of the node-operator each Cluster gets (default:
+    /// `<registry>/node-operator:<operator version>`).
+    pub node_operator_image: Option<String>,
+    /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
+    /// its own namespace's.
+    pub addon_template_namespace: Option<String>,
+    /// First wait before a failed add-on step is tried again; it doubles up
+    /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
+    pub addon_retry: Duration,
+    /// The images and hostPaths a Cluster may ask for beyond the defaults.
+    pub policy: crate::policy::Policy,
+    /// How much one list of a namespace may return.
+    pub limits: crate::bounded::Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            meta_domain: "cluster.local".into(),
+            registry: "registry.k8s.io".into(),
+            etcd_version: "3.6.16".into(),
+            node_operator_image: None,
+            addon_template_namespace: None,
+            addon_retry: ADDON_RETRY_FIRST,
+            policy: Default::default(),
+            limits: Default::default(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// Client of the meta-cluster.
+    pub client: Client,
+    /// Publishes Events on Clusters.
+    pub recorder: Recorder,
+    /// The operator's settings.
+    pub config: Config,
+    /// Clusters whose add-on step failed: it is retried with backoff, not on
+    /// every reconcile (an unreachable business API would otherwise be dialled
+    /// each time anything of the Cluster changes).
+    pub addon_backoff: Backoff<addons::Report>,
+    /// How soon converging Clusters are looked at again (see [`Poll`]).
+    pub polls: Poll,
+    /// What the last applies returned, to skip unchanged ones.
+    pub applied: Applied,
+    /// Clusters that wait only for their add-on step's next attempt, which
+    /// then needs no full pass (see [`crate::addon_wait`]).
+    pub addon_waits: AddonWaits,
+}
+
+impl Context {
+    /// A context with no failures recorded yet.
+    pub fn new(client: Client, recorder: Recorder, config: Config) -> Self {
+        let retry = config.addon_retry;
+        Context {
+            client,
+            recorder,
+            config,
+            addon_backoff: Backoff::new(retry, retry.max(ADDON_RETRY_MAX)),
+            polls: Poll::new(POLL_FIRST, POLL_MAX),
+            applied: Applied::default(),
+            addon_waits: AddonWaits::default(),
+        }
+    }
+}
+
+/// The Cluster's objects of one kind, read within the operator's limits
+/// (see [`crate::bounded`]).
+pub(crate) async fn list<K>(ctx: &Context, api: &Api<K>, names: &Names) -> Result<Vec<K>, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let params = ListParams::default().labels(&format!("{CLUSTER_LABEL}={}", names.cluster));
+    Ok(crate::bounded::list(api, &names.namespace, &params, &ctx.config.limits).await?)
+}
+
+pub(crate) async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    apply_over(api, obj, None).await
+}
+
+/// [`apply`] with the live object when the caller has read it (see
+/// [`crate::ownership::guard`]): an object another owner controls is not
+/// written, and what the API server refuses is an [`Error::Rejected`].
+pub(crate) async fn apply_over<K>(api: &Api<K>, obj: &K, live: Option<&K>) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    crate::ownership::guard(api, obj, live).await?;
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let written = kok_common::apply::apply(api, MANAGER, &name, obj)
+        .await
+        .map_err(|e| match e {
+            kok_common::Error::Api(e) => Error::writing(&K::kind(&()), &name, e),
+            other => Error::Common(other),
+        })?;
+    OwnWrites::global().record(&written);
+    Ok(written)
+}
+
+/// Apply `desired` unless its live copy in `read` (the Cluster's objects of
+/// its kind, by name) is still what its last apply returned (see
+/// [`crate::applied`]); the live object, or what the apply returned.
+pub(crate) async fn apply_if_changed<K>(
+    ctx: &Context,
+    names: &Names,
+    api: &Api<K>,
+    desired: &K,
+    read: &BTreeMap<String, K>,
+    version: Version<K>,
+) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let key = names.key();
+    let want = desired_hash(desired);
+    let live = desired.meta().name.as_ref().and_then(|n| read.get(n));
+    if let Some(live) = live
+        && ctx.applied.unchanged(&key, want, live, version)
+    {
+        return Ok(live.clone());
+    }
+    let written = apply_over(api, desired, live).await?;
+    ctx.applied.record(&key, want, &written, version);
+    Ok(written)
+}
+
+fn secret_bytes<'a>(
+    secrets: &'a BTreeMap<String, Secret>,
+    names: &[String],
+) -> Vec<(String, &'a [u8])> {
+    let mut out = Vec::new();
+    for name in names {
+        if let Some(data) = secrets.get(name).and_then(|s| s.data.as_ref()) {
+            for (k, v) in data {
+                out.push((format!("{name}/{k}"), v.0.as_slice()));
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn hash_of(secrets: &BTreeMap<String, Secret>, names: &[String], extra: &str) -> String {
+    let entries = secret_bytes(secrets, names);
+    config_hash(
+        entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .chain(std::iter::once(("spec", extra.as_bytes()))),
+    )
+}
+
+pub(crate) async fn publish(
+    ctx: &Context,
+    cluster: &Cluster,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    publish_related(ctx, cluster, type_, reason, action, note, None).await;
+}
+
+/// [`publish`] with a related object (the Event's `related`). The recorder
+/// counts Events of one reason and action as one series whatever their notes
+/// say; Events about different related objects stay apart.
+pub(crate) async fn publish_related(
+    ctx: &Context,
+    cluster: &Cluster,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+    related: Option<ObjectReference>,
+) {
+    kok_common::events::publish(
+        &ctx.recorder,
+        &cluster.object_ref(&()),
+        type_,
+        reason,
+        action,
+        &note,
+        related,
+    )
+    .await;
+}
