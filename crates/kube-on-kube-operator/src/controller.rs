@@ -661,25 +661,18 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         ctx.polls.forget(&key);
     }
     let shutting_down = replicas_shutting_down(&pods);
-    let next = if let Some(soon) = etcd_report.requeue {
-        soon.min(idle)
-    } else if converging && watched {
-        addons_wait
-            .map_or(WATCHED_RECHECK, |wait| wait.max(Duration::from_secs(1)))
-            .min(WATCHED_RECHECK)
-            .min(idle)
-    } else if converging {
-        ctx.polls.next(&key, fingerprint(&status)).min(idle)
-    } else if let Some(wait) = only_addons_wait {
-        wait.max(Duration::from_secs(1)).min(idle)
-    } else {
-        idle
-    };
-    let next = if shutting_down {
-        next.min(SHUTDOWN_RECHECK)
-    } else {
-        next
-    };
+    let next = next_pass(
+        &Schedule {
+            etcd_requeue: etcd_report.requeue,
+            idle,
+            converging,
+            watched,
+            addons_wait,
+            only_addons_wait,
+            shutting_down,
+        },
+        || ctx.polls.next(&key, fingerprint(&status)),
+    );
     // Settled but for failing add-ons: their retries need no full pass
     // until something changes or one is due anyway.
     if etcd_report.requeue.is_none() && !converging && !shutting_down && only_addons_wait.is_some()
@@ -712,6 +705,54 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         "reconciled"
     );
     Ok(Action::requeue(next))
+}
+
+/// What decides when a Cluster's next pass runs, as the pass found it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Schedule {
+    /// etcd's membership step asks to be looked at again this soon.
+    etcd_requeue: Option<Duration>,
+    /// The longest wait: until the first certificate is due for renewal, at
+    /// most [`IDLE_RECHECK`].
+    idle: Duration,
+    /// Something is still converging (etcd, or the control plane other than
+    /// its add-ons).
+    converging: bool,
+    /// What it waits for is reported by the watches (see
+    /// [`waits_on_watches`]).
+    watched: bool,
+    /// The add-on step's next attempt, when it failed.
+    addons_wait: Option<Duration>,
+    /// The same, when the add-ons are all that is not ready.
+    only_addons_wait: Option<Duration>,
+    /// Old control-plane Pods are still shutting down.
+    shutting_down: bool,
+}
+
+/// How long until the next pass. `poll` is the backing-off wait of a
+/// converging Cluster no watch reports on; it is asked for only then (it
+/// records the status it was asked with).
+fn next_pass(s: &Schedule, poll: impl FnOnce() -> Duration) -> Duration {
+    const SOONEST: Duration = Duration::from_secs(1);
+    let next = if let Some(soon) = s.etcd_requeue {
+        soon
+    } else if s.converging && s.watched {
+        s.addons_wait
+            .map_or(WATCHED_RECHECK, |wait| wait.max(SOONEST))
+            .min(WATCHED_RECHECK)
+    } else if s.converging {
+        poll()
+    } else if let Some(wait) = s.only_addons_wait {
+        wait.max(SOONEST)
+    } else {
+        s.idle
+    };
+    let next = next.min(s.idle);
+    if s.shutting_down {
+        next.min(SHUTDOWN_RECHECK)
+    } else {
+        next
+    }
 }
 
 /// Records a failed add-on step: what the status shows until its next
@@ -883,6 +924,73 @@ pub(crate) mod tests {
             }
         }))
         .expect("pod")
+    }
+
+    #[test]
+    fn the_next_pass_comes_as_soon_as_what_the_cluster_waits_for_needs() {
+        let s = |secs: u64| Duration::from_secs(secs);
+        let idle = Schedule {
+            idle: IDLE_RECHECK,
+            ..Default::default()
+        };
+        let unpolled = || -> Duration { panic!("only a converging, unwatched Cluster polls") };
+        // Settled: at the idle recheck, or sooner for a certificate's renewal.
+        assert_eq!(next_pass(&idle, unpolled), IDLE_RECHECK);
+        let renewal = Schedule {
+            idle: s(30),
+            ..idle
+        };
+        assert_eq!(next_pass(&renewal, unpolled), s(30));
+        // etcd's own step first, never after the idle recheck.
+        let etcd = Schedule {
+            etcd_requeue: Some(s(3)),
+            converging: true,
+            ..idle
+        };
+        assert_eq!(next_pass(&etcd, unpolled), s(3));
+        assert_eq!(
+            next_pass(
+                &Schedule {
+                    etcd_requeue: Some(s(7200)),
+                    ..idle
+                },
+                unpolled
+            ),
+            IDLE_RECHECK
+        );
+        // Converging on what the watches report: woken by them, with a
+        // recheck, or the add-ons' next attempt (not sooner than 1 s).
+        let watched = Schedule {
+            converging: true,
+            watched: true,
+            ..idle
+        };
+        assert_eq!(next_pass(&watched, unpolled), WATCHED_RECHECK);
+        let retry = |wait: Duration| Schedule {
+            addons_wait: Some(wait),
+            ..watched
+        };
+        assert_eq!(next_pass(&retry(s(10)), unpolled), s(10));
+        assert_eq!(next_pass(&retry(Duration::ZERO), unpolled), s(1));
+        assert_eq!(next_pass(&retry(s(3600)), unpolled), WATCHED_RECHECK);
+        // Converging on what no watch reports: the poll's backing-off wait.
+        let polled = Schedule {
+            watched: false,
+            ..watched
+        };
+        assert_eq!(next_pass(&polled, || s(20)), s(20));
+        // Ready but for failing add-ons: their next attempt.
+        let addons = Schedule {
+            only_addons_wait: Some(s(40)),
+            ..idle
+        };
+        assert_eq!(next_pass(&addons, unpolled), s(40));
+        // Old Pods shutting down: soon, whatever else waits.
+        let leaving = Schedule {
+            shutting_down: true,
+            ..addons
+        };
+        assert_eq!(next_pass(&leaving, unpolled), SHUTDOWN_RECHECK);
     }
 
     #[test]
