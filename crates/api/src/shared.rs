@@ -33,13 +33,6 @@ pub const CLUSTER_LABEL: &str = "kubeonkube.io/cluster";
 /// Label on control-plane objects naming the component they belong to.
 pub const COMPONENT_LABEL: &str = "kubeonkube.io/component";
 
-/// Status of a user-visible condition, as in `metav1.ConditionStatus`.
-pub mod condition_status {
-    pub const TRUE: &str = "True";
-    pub const FALSE: &str = "False";
-    pub const UNKNOWN: &str = "Unknown";
-}
-
 /// A reference to a key in a Secret.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -4,13 +4,58 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+/// The status of a condition (of any kind: a Cluster's, a Pod's, a Node's),
+/// typed: the API carries it as the string `True`, `False` or `Unknown`.
+/// A `String` from the API compares with it directly
+/// (`condition.status == Status::True`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    /// The string the API carries.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for Status {
+    fn from(holds: bool) -> Self {
+        if holds { Status::True } else { Status::False }
+    }
+}
+
+impl From<Status> for String {
+    fn from(status: Status) -> Self {
+        status.as_str().to_string()
+    }
+}
+
+impl PartialEq<Status> for String {
+    fn eq(&self, status: &Status) -> bool {
+        self == status.as_str()
+    }
+}
+
+impl PartialEq<Status> for str {
+    fn eq(&self, status: &Status) -> bool {
+        self == status.as_str()
+    }
+}
+
 /// A condition as a controller computes it, before timestamps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Desired<'a> {
     /// Condition type, for example `Ready`.
     pub type_: &'a str,
-    /// `True`, `False` or `Unknown`.
-    pub status: &'a str,
+    pub status: Status,
     /// CamelCase reason.
     pub reason: &'a str,
     /// Human-readable detail.
@@ -32,7 +77,7 @@ pub fn set(
     };
     let condition = Condition {
         type_: desired.type_.to_string(),
-        status: desired.status.to_string(),
+        status: desired.status.into(),
         reason: desired.reason.to_string(),
         message: desired.message,
         observed_generation: generation,
@@ -48,7 +93,7 @@ pub fn set(
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions
         .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+        .any(|c| c.type_ == type_ && c.status == Status::True)
 }
 
 #[cfg(test)]
@@ -59,19 +104,19 @@ mod tests {
         Timestamp::from_second(secs).expect("valid timestamp")
     }
 
-    fn ready(status: &str) -> Desired<'_> {
+    fn ready(status: Status) -> Desired<'static> {
         Desired {
             type_: "Ready",
             status,
             reason: "Test",
-            message: format!("is {status}"),
+            message: format!("is {}", status.as_str()),
         }
     }
 
     #[test]
     fn new_condition_gets_now() {
         let mut c = Vec::new();
-        set(&mut c, ready("False"), Some(1), ts(10));
+        set(&mut c, ready(Status::False), Some(1), ts(10));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].last_transition_time, Time(ts(10)));
         assert_eq!(c[0].observed_generation, Some(1));
@@ -80,8 +125,8 @@ mod tests {
     #[test]
     fn same_status_keeps_transition_time() {
         let mut c = Vec::new();
-        set(&mut c, ready("False"), Some(1), ts(10));
-        set(&mut c, ready("False"), Some(2), ts(20));
+        set(&mut c, ready(Status::False), Some(1), ts(10));
+        set(&mut c, ready(Status::False), Some(2), ts(20));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].last_transition_time, Time(ts(10)));
         assert_eq!(c[0].observed_generation, Some(2));
@@ -90,10 +135,11 @@ mod tests {
     #[test]
     fn changed_status_moves_transition_time() {
         let mut c = Vec::new();
-        set(&mut c, ready("False"), Some(1), ts(10));
-        set(&mut c, ready("True"), Some(1), ts(30));
+        set(&mut c, ready(Status::False), Some(1), ts(10));
+        set(&mut c, ready(Status::True), Some(1), ts(30));
         assert_eq!(c[0].last_transition_time, Time(ts(30)));
         assert!(is_true(&c, "Ready"));
+        assert_eq!(c[0].status, "True", "as the API carries it");
         assert!(!is_true(&c, "EtcdReady"));
     }
 }

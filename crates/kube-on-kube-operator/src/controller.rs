@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
+use kok_common::conditions::Status;
 use kok_common::finalizer;
 use kok_common::watch::hash;
 use kube::ResourceExt;
@@ -294,7 +295,7 @@ async fn limited(
         cluster,
         kok_common::conditions::Desired {
             type_: kube_on_kube_api::cluster::ALLOWED,
-            status: "False",
+            status: Status::False,
             reason: crate::bounded::TOO_MANY_OBJECTS,
             message: exceeded.to_string(),
         },
@@ -650,7 +651,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 ![status::READY, status::ADDONS_READY, status::PROGRESSING]
                     .contains(&c.type_.as_str())
             })
-            .all(|c| c.status == "True")
+            .all(|c| c.status == Status::True)
     });
     // Anything else still converging is looked at again soon, and less often
     // while its status stays the same (changes of its objects wake it at once).

@@ -193,7 +193,7 @@ pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
         return PodState::Failed;
     }
     let ready = ready_condition(pod);
-    if ready.is_some_and(|c| c.status == "True") {
+    if ready.is_some_and(|c| c.status == kok_common::conditions::Status::True) {
         return PodState::Ready;
     }
     let restarts = restarts(pod);
@@ -220,7 +220,7 @@ fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
 /// Whether a ready member Pod became ready less than [`ROLL_SETTLE`] ago.
 pub fn settling(pod: Option<&Pod>, now: Timestamp) -> bool {
     pod.and_then(ready_condition)
-        .filter(|c| c.status == "True")
+        .filter(|c| c.status == kok_common::conditions::Status::True)
         .and_then(|c| c.last_transition_time.as_ref())
         .is_some_and(|t| now.as_second() - t.0.as_second() < ROLL_SETTLE.as_secs() as i64)
 }

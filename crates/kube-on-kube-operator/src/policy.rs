@@ -6,7 +6,7 @@
 //! but the operator does not rely on it.
 
 use k8s_openapi::jiff::Timestamp;
-use kok_common::conditions::{self, Desired};
+use kok_common::conditions::{self, Desired, Status};
 use kube_on_kube_api::cluster::{ALLOWED, Cluster, ClusterPhase, ClusterStatus};
 
 use crate::context::Config;
@@ -417,13 +417,13 @@ pub fn set_condition(
     let desired = match refusals.first() {
         None => Desired {
             type_: ALLOWED,
-            status: "True",
+            status: Status::True,
             reason: "Allowed",
             message: "the operator's flags allow what this Cluster asks for".into(),
         },
         Some(first) => Desired {
             type_: ALLOWED,
-            status: "False",
+            status: Status::False,
             reason: first.reason,
             message: format!(
                 "{}; nothing of this Cluster is changed until then",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kok_common::conditions::{self, Desired};
+use kok_common::conditions::{self, Desired, Status};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -67,7 +67,7 @@ pub fn status(cluster: &Cluster, refusal: &Refusal, now: Timestamp) -> ClusterSt
         cluster,
         Desired {
             type_: READY,
-            status: "False",
+            status: Status::False,
             reason: refusal.reason,
             message: refusal.message.clone(),
         },

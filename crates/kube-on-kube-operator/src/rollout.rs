@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use kok_common::conditions::Status;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
@@ -129,7 +130,7 @@ fn was_upgrading(cluster: &Cluster) -> bool {
         .status
         .as_ref()
         .and_then(|s| s.condition(status::PROGRESSING))
-        .is_some_and(|c| c.status == "True" && c.reason == upgrade::UPGRADING)
+        .is_some_and(|c| c.status == Status::True && c.reason == upgrade::UPGRADING)
 }
 
 /// The component versions the last status reported, in [`upgrade::ORDER`].

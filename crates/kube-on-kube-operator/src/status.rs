@@ -5,7 +5,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kok_common::conditions::{self, Desired};
+use kok_common::conditions::{self, Desired, Status};
 use kube_on_kube_api::cluster::{
     Cluster, ClusterPhase, ClusterStatus, ComponentStatus, ComponentStatuses, EtcdMemberStatus,
 };
@@ -47,7 +47,10 @@ fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Ready" && c.status == Status::True)
+        })
 }
 
 fn component(desired: i32, ready: i32, version: &str) -> ComponentStatus {
@@ -103,7 +106,7 @@ pub fn with_addons(
         &mut status.conditions,
         Desired {
             type_: ADDONS_READY,
-            status: "False",
+            status: Status::False,
             reason: report.reason,
             message: report.message.clone(),
         },
@@ -158,7 +161,7 @@ pub fn build(
             &mut conditions,
             Desired {
                 type_,
-                status: if ok { "True" } else { "False" },
+                status: ok.into(),
                 reason: if ok { reason_ok } else { reason_bad },
                 message,
             },
@@ -296,9 +299,9 @@ pub fn build(
 
     if let Some(plan) = observed.upgrade {
         let (status, reason) = match (&plan.refused, plan.upgrading) {
-            (Some(_), _) => ("False", "VersionChangeRefused"),
-            (None, true) => ("True", crate::upgrade::UPGRADING),
-            (None, false) => ("False", "UpToDate"),
+            (Some(_), _) => (Status::False, "VersionChangeRefused"),
+            (None, true) => (Status::True, crate::upgrade::UPGRADING),
+            (None, false) => (Status::False, "UpToDate"),
         };
         conditions::set(
             &mut conditions,

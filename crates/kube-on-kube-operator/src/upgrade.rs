@@ -9,6 +9,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use kok_common::conditions::Status;
 
 use crate::names::Component;
 
@@ -393,7 +394,10 @@ pub fn etcd_settled_by_pods(pods: &[Pod], image: &str, members: usize) -> bool {
                 .status
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Ready" && c.status == Status::True)
+                });
             spec_image == Some(image) && ready
         })
 }

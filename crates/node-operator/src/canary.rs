@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
-use kok_common::conditions::{self, Desired};
+use kok_common::conditions::{self, Desired, Status};
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Action, Controller};
@@ -30,7 +30,6 @@ use kube_on_kube_api::canary::{
 };
 use kube_on_kube_api::machine::MachinePhase;
 use kube_on_kube_api::shared::OperationResult;
-use kube_on_kube_api::shared::condition_status::{FALSE, TRUE};
 use kube_on_kube_api::{CanaryRelease, CanaryReleaseStatus, ClusterPackageVersion, Machine};
 
 use crate::Error;
@@ -295,7 +294,7 @@ fn true_conditions(node: &Node) -> BTreeSet<String> {
         .and_then(|s| s.conditions.as_ref())
         .map(|cs| {
             cs.iter()
-                .filter(|c| c.status == TRUE)
+                .filter(|c| c.status == Status::True)
                 .map(|c| c.type_.clone())
                 .collect()
         })
@@ -415,7 +414,7 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
             conds,
             Desired {
                 type_,
-                status: if ok { TRUE } else { FALSE },
+                status: ok.into(),
                 reason,
                 message,
             },
@@ -888,7 +887,7 @@ fn finish_conditions(
             conds,
             Desired {
                 type_,
-                status: if ok { TRUE } else { FALSE },
+                status: ok.into(),
                 reason,
                 message,
             },
@@ -1086,7 +1085,7 @@ pub fn drop_conflicts(
         &mut status.conditions,
         Desired {
             type_: condition::CLAIM_CONFLICT,
-            status: TRUE,
+            status: Status::True,
             reason: "ClaimedByAnotherRelease",
             message: format!(
                 "left out, claimed by another release: {}",

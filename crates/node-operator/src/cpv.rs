@@ -12,7 +12,7 @@ use futures::Stream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kok_common::conditions::{self, Desired};
+use kok_common::conditions::{self, Desired, Status};
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -20,7 +20,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::machine::MachinePhase;
-use kube_on_kube_api::shared::condition_status::{FALSE, TRUE};
 use kube_on_kube_api::{
     ClusterPackageVersion, ClusterPackageVersionStatus, Machine, PackageVersion,
 };
@@ -163,12 +162,12 @@ pub fn build_status(
         .unwrap_or_default();
     let (status, reason, message) = if problems.is_empty() {
         (
-            FALSE,
+            Status::False,
             "AllFound",
             "every default names a PackageVersion of its package".to_string(),
         )
     } else {
-        (TRUE, "MissingPackageVersion", problems.join("; "))
+        (Status::True, "MissingPackageVersion", problems.join("; "))
     };
     conditions::set(
         &mut conds,
@@ -196,7 +195,7 @@ pub fn build_status(
         &mut conds,
         Desired {
             type_: ROLLED_OUT,
-            status: if rolled { TRUE } else { FALSE },
+            status: rolled.into(),
             reason,
             message,
         },
@@ -321,9 +320,9 @@ fn transitions(before: &[Condition], after: &[Condition]) -> Vec<(String, bool)>
         .iter()
         .filter(|c| match before.iter().find(|b| b.type_ == c.type_) {
             Some(b) => b.status != c.status,
-            None => c.status == TRUE,
+            None => c.status == Status::True,
         })
-        .map(|c| (c.type_.clone(), c.status == TRUE))
+        .map(|c| (c.type_.clone(), c.status == Status::True))
         .collect()
 }
 

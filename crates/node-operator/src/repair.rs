@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
+use kok_common::conditions::Status;
 
 /// What to do about a Node condition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +81,7 @@ pub fn due<'a>(rules: &'a [Rule], node: &Node) -> Option<&'a Rule> {
     rules.iter().find(|rule| {
         conditions
             .iter()
-            .any(|c| c.type_ == rule.condition && c.status == "True")
+            .any(|c| c.type_ == rule.condition && c.status == Status::True)
     })
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kok_common::conditions::Status;
 use kube::ResourceExt;
 use kube_on_kube_api::machine::MachinePhase;
 use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
@@ -117,7 +118,10 @@ pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Ready" && c.status == Status::True)
+        })
 }
 
 /// Every Machine, without managed fields (read in pages).

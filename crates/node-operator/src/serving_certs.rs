@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kok_common::conditions::Status;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -224,7 +225,7 @@ pub async fn run(client: Client, machines: Store<Machine>) {
                     Verdict::Deny(m) => ("Denied", "NotTheMachine", m),
                 };
             let patch = serde_json::json!({"status": {"conditions": [{
-                "type": type_, "status": "True", "reason": reason, "message": message,
+                "type": type_, "status": Status::True.as_str(), "reason": reason, "message": message,
             }]}});
             match api
                 .patch_approval(

@@ -33,7 +33,7 @@ pub fn set(
         &mut status.conditions,
         Desired {
             type_,
-            status: if ok { "True" } else { "False" },
+            status: ok.into(),
             reason,
             // Messages carry errors, and errors what a host printed.
             message: crate::redact::text(&message.into()),
@@ -64,7 +64,7 @@ pub fn set(
         &mut status.conditions,
         Desired {
             type_: READY,
-            status: if ok { "True" } else { "False" },
+            status: ok.into(),
             reason,
             message,
         },
