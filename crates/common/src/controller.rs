@@ -5,19 +5,17 @@
 //! panics fails like one that returns an error: the panic is caught, logged
 //! and counted, and the process keeps running.
 
-use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
+use kube::Resource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 /// Run `controller` until shutdown is requested, with `reconcile` and `error_policy`,
@@ -40,9 +38,6 @@ pub async fn run<K, Ctx, E, Fut>(
     let store = controller.store();
     crate::health::global().track(name, store.clone());
     let metrics = crate::metrics::global();
-    if K::kind(&K::DynamicType::default()) == "Cluster" {
-        tokio::spawn(forget_deleted_clusters(store.clone()));
-    }
     let timed = move |obj: Arc<K>, ctx: Arc<Ctx>| {
         let object = ObjectRef::from_obj(obj.as_ref()).to_string();
         let reconciled = std::panic::catch_unwind(AssertUnwindSafe(|| reconcile(obj, ctx)));
@@ -108,27 +103,6 @@ where
     crate::shutdown::requested().await;
     if matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
         std::future::pending::<()>().await;
-    }
-}
-
-/// Every minute, drop the per-cluster metric series of Clusters that are no
-/// longer in the controller's cache (deleted ones are not reconciled again).
-async fn forget_deleted_clusters<K>(store: Store<K>)
-where
-    K: Clone + Resource + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
-{
-    if !crate::health::wait_until_ready(&store).await {
-        return;
-    }
-    loop {
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        let live: BTreeSet<(String, String)> = store
-            .state()
-            .iter()
-            .map(|o| (o.namespace().unwrap_or_default(), o.name_any()))
-            .collect();
-        crate::metrics::global().retain_clusters(&live);
     }
 }
 

@@ -597,7 +597,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 ca_fingerprint: record.cluster.as_deref(),
             };
             let report = addons::reconcile(&ctx, &inputs).await;
-            kok_common::metrics::global().addon_attempt(false);
+            crate::metrics::domain().addon_attempt(false);
             if report.failed() {
                 let (shown, wait) = addon_failed(&ctx, &names, generation, &report);
                 addons_wait = Some(wait);
@@ -820,7 +820,7 @@ async fn retry_addons(
             .and_then(|r| r.cluster.as_deref()),
     };
     let report = addons::reconcile(ctx, &inputs).await;
-    kok_common::metrics::global().addon_attempt(true);
+    crate::metrics::domain().addon_attempt(true);
     if !report.failed() {
         return Ok(Retried::Full(Some(report)));
     }

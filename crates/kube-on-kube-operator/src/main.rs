@@ -66,6 +66,8 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.log.init();
+    // Listed on /metrics from the start, before any Cluster is reconciled.
+    kube_on_kube_operator::metrics::domain();
     let client = args.client.connect("the meta-cluster").await?;
     let config = kube_on_kube_operator::context::Config {
         meta_domain: args.meta_cluster_domain,

@@ -51,6 +51,7 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     // knows what it wrote (each status change woke one more pass that found
     // nothing to do).
     let (store, writer) = reflector::store();
+    tokio::spawn(crate::metrics::forget_deleted_clusters(store.clone()));
     let clusters = watcher(
         scoped::<Cluster>(&client, namespace),
         watcher::Config::default(),

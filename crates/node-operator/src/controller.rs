@@ -408,7 +408,7 @@ async fn machines(
     .default_backoff()
     .reflect(pv_writer)
     .touched_objects();
-    kok_common::metrics::count_by_phase(store.clone(), |m: &Machine| {
+    crate::metrics::count_by_phase(store.clone(), |m: &Machine| {
         Some(format!("{:?}", m.status.as_ref()?.phase.as_ref()?))
     });
     let controller = controller

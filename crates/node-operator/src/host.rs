@@ -257,7 +257,7 @@ impl<'a> Host<'a> {
         let started = std::time::Instant::now();
         let output = self.session.run(script).await;
         let ok = output.as_ref().is_ok_and(|o| o.success());
-        kok_common::metrics::global().observe_ssh_step(step, ok, started.elapsed());
+        crate::metrics::domain().observe_ssh_step(step, ok, started.elapsed());
         let output = output?;
         if !output.success() {
             return Err(Error::Step {

@@ -564,7 +564,7 @@ impl<'a> Installer<'a> {
         let started = std::time::Instant::now();
         let output = self.session.run(script).await;
         let ok = output.as_ref().is_ok_and(|o| o.success());
-        kok_common::metrics::global().observe_ssh_step(step, ok, started.elapsed());
+        crate::metrics::domain().observe_ssh_step(step, ok, started.elapsed());
         let output = output?;
         tracing::debug!(host = %self.session.host(), step, status = output.status, "install step ran");
         let summary = StepOutput {

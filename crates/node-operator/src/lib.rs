@@ -11,6 +11,7 @@ pub mod error;
 pub mod host;
 pub mod install;
 pub mod machine;
+pub mod metrics;
 pub mod offboard;
 pub mod paths;
 pub mod redact;

@@ -99,6 +99,8 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     args.log.init();
+    // Listed on /metrics from the start, before any Machine is visited.
+    node_operator::metrics::domain();
     let client = args.client.connect("the business cluster").await?;
     let settings = Settings {
         ssh_concurrency: usize::from(args.ssh_concurrency),
