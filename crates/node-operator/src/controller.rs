@@ -468,23 +468,14 @@ async fn machines(
 fn node_changes(
     client: &Client,
 ) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
-    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut changes = kok_common::watch::Changes::default();
     watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .filter_map(move |event| {
-            let out = match event {
-                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
-                    let state = node_state(&node);
-                    (seen.insert(node.name_any(), state) != Some(state)).then_some(Ok(node))
-                }
-                Ok(watcher::Event::Delete(node)) => {
-                    seen.remove(&node.name_any());
-                    Some(Ok(node))
-                }
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+            futures::future::ready(match event {
+                Ok(event) => changes.pass(event, node_state).map(Ok),
                 Err(e) => Some(Err(e)),
-            };
-            futures::future::ready(out)
+            })
         })
 }
 
