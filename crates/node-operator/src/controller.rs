@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
+use kok_common::backoff::Backoff;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -90,10 +91,9 @@ pub struct Context {
     pub remediations: Remediations,
     /// When each Machine's host was last checked by this process.
     checked: Mutex<HashMap<String, Instant>>,
-    /// Consecutive failures per object, for backoff.
-    failures: Mutex<HashMap<String, u32>>,
-    /// Per Machine, when its backoff after the last failure is over.
-    retry_at: Mutex<HashMap<String, Instant>>,
+    /// Per Machine, its failures in a row at its generation (the count is
+    /// the last attempt's outcome) and when its next attempt is due.
+    backoff: Backoff<u32>,
     /// Per Machine, the inputs of the last attempt (`.0`) and of the last
     /// failure that only a change can fix (`.1`).
     attempts: Mutex<HashMap<String, (u64, Option<u64>)>>,
@@ -135,8 +135,7 @@ impl Context {
             sessions: Pool::default(),
             remediations,
             checked: Mutex::default(),
-            failures: Mutex::default(),
-            retry_at: Mutex::default(),
+            backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
             attempts: Mutex::default(),
             versions: Mutex::default(),
             caches: OnceLock::new(),
@@ -201,8 +200,7 @@ impl Context {
     /// Forgets a Machine (deleted).
     pub fn forget(&self, machine: &str) {
         lock(&self.checked).remove(machine);
-        lock(&self.failures).remove(machine);
-        lock(&self.retry_at).remove(machine);
+        self.backoff.succeeded(machine);
         lock(&self.attempts).remove(machine);
         lock(&self.versions).remove(machine);
     }
@@ -286,26 +284,17 @@ impl Context {
         .await;
     }
 
-    fn failed(&self, key: &str) -> u32 {
-        let mut failures = lock(&self.failures);
-        let n = failures.entry(key.to_string()).or_default();
-        *n = n.saturating_add(1);
-        *n
+    /// Clears the failure count of `machine` after a success.
+    pub fn succeeded(&self, machine: &str) {
+        self.backoff.succeeded(machine);
     }
 
-    /// Clears the failure count of `key` after a success.
-    pub fn succeeded(&self, key: &str) {
-        lock(&self.failures).remove(key);
-        lock(&self.retry_at).remove(key);
-    }
-
-    /// How long the Machine's backoff after its last failure still runs, if
-    /// it does.
-    pub fn backing_off(&self, machine: &str) -> Option<Duration> {
-        lock(&self.retry_at)
-            .get(machine)
-            .and_then(|at| at.checked_duration_since(Instant::now()))
-            .filter(|d| !d.is_zero())
+    /// How long the Machine's backoff after its last failure at
+    /// `generation` still runs, if it does (a changed spec is tried at once).
+    pub fn backing_off(&self, machine: &str, generation: Option<i64>) -> Option<Duration> {
+        self.backoff
+            .waiting(machine, generation)
+            .map(|(wait, _)| wait)
     }
 }
 
@@ -506,16 +495,20 @@ fn node_state(node: &Node) -> u64 {
     h.finish()
 }
 
+/// A failed Machine's first retry; it doubles up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
 /// Backoff for a Machine after `failures` consecutive failures: 2 s doubling
 /// to 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
-    kok_common::backoff::delay(failures, Duration::from_secs(2), Duration::from_secs(300))
+    kok_common::backoff::delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
 }
 
 fn machine_error_policy(machine: Arc<Machine>, error: &Error, ctx: Arc<Context>) -> Action {
-    let n = ctx.failed(&machine.name_any());
-    let delay = backoff(n);
-    lock(&ctx.retry_at).insert(machine.name_any(), Instant::now() + delay);
+    let (n, delay) = ctx
+        .backoff
+        .failed(&machine.name_any(), machine.metadata.generation, |n, _| n);
     tracing::warn!(machine = %machine.name_any(), category = error.category(), %error, failures = n, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -66,7 +66,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
     // of its spec is tried at once.
     if status::failed(&st)
         && st.observed_generation == generation
-        && let Some(wait) = ctx.backing_off(&name)
+        && let Some(wait) = ctx.backing_off(&name, generation)
     {
         tracing::debug!(machine = %name, ?wait, "backing off after a failure");
         return Ok(Action::requeue(wait));
