@@ -25,6 +25,13 @@ pub fn refused(error: &kube::Error) -> bool {
         if (400..500).contains(&e.code) && ![404, 409, 429].contains(&e.code))
 }
 
+/// The last segment of a type's path (`Deployment`, `DynamicObject`), to
+/// say which object a failed call was about.
+fn type_name<K>() -> &'static str {
+    let full = std::any::type_name::<K>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
 /// Server-side apply `obj` (which must carry apiVersion, kind and name).
 pub async fn apply<K>(api: &Api<K>, manager: &str, name: &str, obj: &K) -> Result<K, Error>
 where
@@ -32,7 +39,10 @@ where
 {
     api.patch(name, &params(manager), &Patch::Apply(obj))
         .await
-        .map_err(Error::Api)
+        .map_err(|source| Error::Api {
+            call: format!("applying {} {name}", type_name::<K>()),
+            source,
+        })
 }
 
 /// Server-side apply a status: `status` is the `.status` value only; it is sent
@@ -58,7 +68,10 @@ where
     });
     api.patch_status(name, &params(manager), &Patch::Apply(patch))
         .await
-        .map_err(Error::Api)
+        .map_err(|source| Error::Api {
+            call: format!("applying the status of {} {name}", K::kind(&())),
+            source,
+        })
 }
 
 #[cfg(test)]

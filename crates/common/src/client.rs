@@ -73,7 +73,13 @@ impl ClientArgs {
     /// its version, which is logged as `connected to <what>`.
     pub async fn connect(&self, what: &str) -> Result<Client, Error> {
         let client = self.client().await?;
-        let version = client.apiserver_version().await.map_err(Error::Api)?;
+        let version = client
+            .apiserver_version()
+            .await
+            .map_err(|source| Error::Api {
+                call: "reading the API server's version".into(),
+                source,
+            })?;
         tracing::info!(server = %version.git_version, "connected to {what}");
         Ok(client)
     }

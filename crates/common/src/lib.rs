@@ -34,9 +34,13 @@ pub enum Error {
     /// The client could not be built from the configuration.
     #[error("cannot create Kubernetes client: {0}")]
     Client(#[source] kube::Error),
-    /// A call to the API server failed.
-    #[error("Kubernetes API call failed: {0}")]
-    Api(#[source] kube::Error),
+    /// A call to the API server failed; `call` says which.
+    #[error("Kubernetes API call failed ({call}): {source}")]
+    Api {
+        call: String,
+        #[source]
+        source: kube::Error,
+    },
     /// An object could not be turned into an apply patch.
     #[error("cannot serialize {kind} for apply: {source}")]
     Serialize {
@@ -56,7 +60,7 @@ impl Error {
         match self {
             Error::Kubeconfig(_) | Error::Infer(_) => "config",
             Error::Client(_) => "client",
-            Error::Api(_) => "api",
+            Error::Api { .. } => "api",
             Error::Serialize { .. } => "serialize",
             Error::Panicked { .. } => "panic",
         }

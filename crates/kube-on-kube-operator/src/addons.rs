@@ -345,7 +345,7 @@ pub async fn templates(
             .await
             .map_err(|e| match e {
                 crate::bounded::ListError::Exceeded(e) => TemplatesError::Exceeded(e),
-                e => TemplatesError::Unreadable(format!("listing add-on templates in {ns}: {e}")),
+                e => TemplatesError::Unreadable(format!("add-on templates: {e}")),
             })?;
         maps.sort_by_key(|m| m.name_any());
         for map in &maps {

@@ -165,8 +165,13 @@ pub fn size<K: Serialize>(object: &K) -> usize {
 /// Why a bounded list failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ListError {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
+    #[error("listing {call}: {source}")]
+    Kube {
+        /// What was listed: `Secrets in ns`.
+        call: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error(transparent)]
     Exceeded(#[from] Exceeded),
 }
@@ -204,7 +209,10 @@ where
     let mut kept = Vec::new();
     let mut params = params.clone().limit(limits.page.max(1));
     loop {
-        let page = api.list(&params).await?;
+        let page = api.list(&params).await.map_err(|source| ListError::Kube {
+            call: format!("listing {}s in {namespace}", K::kind(&())),
+            source,
+        })?;
         for object in page.items {
             let object = sieve(object);
             let bytes = object.as_ref().map_or(0, size);

@@ -144,7 +144,7 @@ where
     let written = kok_common::apply::apply(api, MANAGER, &name, obj)
         .await
         .map_err(|e| match e {
-            kok_common::Error::Api(e) => Error::writing(&K::kind(&()), &name, e),
+            kok_common::Error::Api { source, .. } => Error::writing(&K::kind(&()), &name, source),
             other => Error::Common(other),
         })?;
     OwnWrites::global().record(&written);

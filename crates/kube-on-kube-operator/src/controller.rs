@@ -146,7 +146,10 @@ async fn recorded_authorities(
     let fresh = clusters
         .get_status(&cluster.name_any())
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!(
+            "reading the status of Cluster {}",
+            cluster.name_any()
+        )))?;
     Ok(of(&fresh))
 }
 
@@ -536,7 +539,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         let read: BTreeMap<String, ConfigMap> = maps
             .get_opt(&name)
             .await
-            .map_err(Error::Kube)?
+            .map_err(Error::kube(format!("reading ConfigMap {name}")))?
             .map(|m| (name, m))
             .into_iter()
             .collect();

@@ -3,9 +3,13 @@
 /// Everything a Cluster reconcile can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A call to the meta-cluster's API server failed.
-    #[error("meta-cluster API call failed: {0}")]
-    Kube(#[source] kube::Error),
+    /// A call to the meta-cluster's API server failed; `call` says which.
+    #[error("meta-cluster API call failed ({call}): {source}")]
+    Kube {
+        call: String,
+        #[source]
+        source: kube::Error,
+    },
     /// Shared plumbing (apply, status) failed.
     #[error(transparent)]
     Common(#[from] kok_common::Error),
@@ -31,7 +35,7 @@ pub enum Error {
 impl From<crate::bounded::ListError> for Error {
     fn from(e: crate::bounded::ListError) -> Self {
         match e {
-            crate::bounded::ListError::Kube(e) => Error::Kube(e),
+            crate::bounded::ListError::Kube { call, source } => Error::Kube { call, source },
             crate::bounded::ListError::Exceeded(e) => Error::Limit(e),
         }
     }
@@ -41,7 +45,7 @@ impl Error {
     /// Short static category, used as a metric label and event reason.
     pub fn category(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "kube",
+            Error::Kube { .. } => "kube",
             Error::Common(e) => e.category(),
             Error::Limit(_) => "limit",
             Error::NameConflict(_) => "name_conflict",
@@ -59,7 +63,17 @@ impl Error {
                 message: status.message.clone(),
                 source: Box::new(error),
             },
-            _ => Error::Kube(error),
+            _ => Error::Kube {
+                call: format!("writing {kind} {name}"),
+                source: error,
+            },
         }
+    }
+
+    /// A failed call, described by `call` (`reading ConfigMap x`), as a
+    /// `map_err` function.
+    pub fn kube(call: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let call = call.into();
+        move |source| Error::Kube { call, source }
     }
 }

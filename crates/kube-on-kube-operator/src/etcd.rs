@@ -898,7 +898,13 @@ pub fn leader(answers: &BTreeMap<u64, Status>) -> Option<u64> {
 /// reconcile was handed may predate the last record.
 async fn recorded_step(client: &Client, names: &Names) -> Result<Option<Step>, Error> {
     let api: Api<Cluster> = Api::namespaced(client.clone(), &names.namespace);
-    let cluster = api.get_status(&names.cluster).await.map_err(Error::Kube)?;
+    let cluster = api
+        .get_status(&names.cluster)
+        .await
+        .map_err(Error::kube(format!(
+            "reading the status of Cluster {}",
+            names.cluster
+        )))?;
     let raw = cluster.status.and_then(|s| s.etcd_change);
     Ok(raw.and_then(|v| match serde_json::from_value(v) {
         Ok(step) => Some(step),

@@ -83,7 +83,12 @@ where
         return check_meta(live.meta());
     }
     let name = desired.meta().name.clone().unwrap_or_default();
-    match api.get_metadata_opt(&name).await.map_err(Error::Kube)? {
+    let reading = format!("reading {} {name}", K::kind(&()));
+    match api
+        .get_metadata_opt(&name)
+        .await
+        .map_err(Error::kube(reading))?
+    {
         Some(live) => check_meta(&live.metadata),
         None => Ok(()),
     }
@@ -95,7 +100,12 @@ pub async fn existing<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Re
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    match api.get_metadata_opt(name).await.map_err(Error::Kube)? {
+    let reading = format!("reading {} {name}", K::kind(&()));
+    match api
+        .get_metadata_opt(name)
+        .await
+        .map_err(Error::kube(reading))?
+    {
         Some(live) => check(&K::kind(&()), owner, &live.metadata).map_err(Error::NameConflict),
         None => Ok(()),
     }
@@ -113,7 +123,12 @@ pub async fn delete_owned<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let Some(live) = api.get_metadata_opt(name).await.map_err(Error::Kube)? else {
+    let reading = format!("reading {} {name}", K::kind(&()));
+    let Some(live) = api
+        .get_metadata_opt(name)
+        .await
+        .map_err(Error::kube(reading))?
+    else {
         return Ok(false);
     };
     check(&K::kind(&()), owner, &live.metadata).map_err(Error::NameConflict)?;
@@ -127,7 +142,10 @@ where
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
-        Err(e) => Err(Error::Kube(e)),
+        Err(source) => Err(Error::Kube {
+            call: format!("deleting {} {name}", K::kind(&())),
+            source,
+        }),
     }
 }
 

@@ -133,6 +133,6 @@ pub(crate) async fn teardown(
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
     finalizer::remove(&clusters, cluster, TEARDOWN_FINALIZER)
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube("removing the teardown finalizer"))?;
     Ok(Action::await_change())
 }

@@ -124,7 +124,7 @@ impl Error {
     /// Machine's status with the reason `ObjectRejected`.
     pub fn rejected(&self) -> bool {
         match self {
-            Error::Kube(e) | Error::Common(kok_common::Error::Api(e)) => {
+            Error::Kube(e) | Error::Common(kok_common::Error::Api { source: e, .. }) => {
                 kok_common::apply::refused(e)
             }
             _ => false,
@@ -197,7 +197,13 @@ mod tests {
         let refused = Error::Kube(api_error(403));
         assert!(refused.rejected());
         assert!(refused.to_string().contains("exceeded quota"), "{refused}");
-        assert!(Error::Common(kok_common::Error::Api(api_error(422))).rejected());
+        assert!(
+            Error::Common(kok_common::Error::Api {
+                call: "applying Machine m".into(),
+                source: api_error(422),
+            })
+            .rejected()
+        );
         assert!(!Error::Kube(api_error(409)).rejected());
         assert!(!Error::Kube(api_error(503)).rejected());
     }
