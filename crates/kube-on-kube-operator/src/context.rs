@@ -18,8 +18,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::Error;
-use crate::addon_wait::AddonWaits;
 use crate::addons;
+use crate::addons::wait::AddonWaits;
 use crate::applied::{Applied, Version, desired_hash};
 use crate::names::Names;
 use crate::render::config_hash;
@@ -95,7 +95,7 @@ pub struct Context {
     /// What the last applies returned, to skip unchanged ones.
     pub applied: Applied,
     /// Clusters that wait only for their add-on step's next attempt, which
-    /// then needs no full pass (see [`crate::addon_wait`]).
+    /// then needs no full pass (see [`crate::addons::wait`]).
     pub addon_waits: AddonWaits,
 }
 

@@ -22,14 +22,14 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{AuthorityFingerprints, ExposureType};
 use time::OffsetDateTime;
 
-use crate::addon_wait::Wait;
+use crate::addons::wait::Wait;
 use crate::applied::resource_version;
 use crate::context::{Context, MANAGER, apply_if_changed, apply_over, list, publish};
 use crate::names::{Component, Names};
-use crate::render::control_plane;
+use crate::pki::{authorities, certificates, secrets};
 use crate::render::etcd;
 use crate::teardown::{TEARDOWN_FINALIZER, teardown};
-use crate::{Error, addons, authorities, certs, rollout, secrets, status};
+use crate::{Error, addons, control_plane, render, status};
 
 /// The longest a settled Cluster waits for its next reconcile.
 const IDLE_RECHECK: Duration = Duration::from_secs(3600);
@@ -440,31 +440,35 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     // runs: agents keep dialing the server they know.
     let konnectivity = crate::render::addons::konnectivity(&cluster, &ctx.config.registry)
         .unwrap_or_else(|_| {
-            control_plane::running_konnectivity(
+            render::control_plane::running_konnectivity(
                 deployments.get(&names.deployment(Component::ApiServer)),
                 services.get(&names.apiserver_external_service()),
             )
         });
-    let internal_svc = service(control_plane::apiserver_internal_service(&cluster, &names)).await?;
-    let external_svc = service(control_plane::apiserver_external_service(
+    let internal_svc = service(render::control_plane::apiserver_internal_service(
+        &cluster, &names,
+    ))
+    .await?;
+    let external_svc = service(render::control_plane::apiserver_external_service(
         &cluster,
         &names,
         konnectivity.as_ref(),
     ))
     .await?;
     let endpoint = external_url(&cluster, &names, Some(&external_svc));
-    let advertise = control_plane::advertised_address(&cluster, Some(&external_svc));
+    let advertise = render::control_plane::advertised_address(&cluster, Some(&external_svc));
     // Then certificates: everything else mounts them.
     let ips = service_ips(&[&internal_svc, &external_svc]);
     let validity = kok_common::duration::parse(&spec.certificates.validity)
         .unwrap_or(Duration::from_secs(365 * 24 * 3600));
     let renew_before = kok_common::duration::parse(&spec.certificates.renew_before)
         .unwrap_or(Duration::from_secs(30 * 24 * 3600));
-    let internal_url = control_plane::internal_api_url(&names);
+    let internal_url = render::control_plane::internal_api_url(&names);
     let now = OffsetDateTime::now_utc();
     let mut record = recorded_authorities(&clusters, &cluster).await?;
     let mut held = Vec::new();
-    let (all_secrets, expiry, certificates_error) = match certs::plan(&cluster, &names, &ips) {
+    let (all_secrets, expiry, certificates_error) = match certificates::plan(&cluster, &names, &ips)
+    {
         Err(e) => (existing.clone(), None, Some(e.to_string())),
         Ok(plan) => {
             let replace = authorities::replaceable(cluster.metadata.annotations.as_ref());
@@ -534,7 +538,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     // konnectivity-server beside it. One object, read by its name.
     if konnectivity.is_some() {
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        let desired = control_plane::egress_selector_config(&cluster, &names);
+        let desired = render::control_plane::egress_selector_config(&cluster, &names);
         let name = names.egress_selector_config();
         let read: BTreeMap<String, ConfigMap> = maps
             .get_opt(&name)
@@ -548,12 +552,12 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
 
     // The stateless control plane, upgraded in order behind etcd.
     let etcd_settled = crate::etcd::settled(&etcd_report);
-    let rollout::Outcome {
+    let control_plane::Outcome {
         apiserver,
         controller_manager,
         scheduler,
         plan: upgrade_plan,
-    } = rollout::reconcile(
+    } = control_plane::reconcile(
         &ctx,
         &cluster,
         &names,
@@ -795,7 +799,7 @@ enum Retried {
 }
 
 /// Retry the add-on step of a Cluster whose control plane is settled and
-/// waits only for it (see [`crate::addon_wait`]): the step itself and the
+/// waits only for it (see [`crate::addons::wait`]): the step itself and the
 /// AddonsReady condition, nothing a full pass reads.
 async fn retry_addons(
     ctx: &Context,
@@ -852,10 +856,9 @@ async fn retry_addons(
 pub fn waits_on_watches(etcd: &crate::etcd::Report) -> bool {
     let now = Timestamp::now();
     let waiting_on_a_pod = etcd.pods.len() < etcd.desired as usize
-        || etcd
-            .pods
-            .iter()
-            .any(|p| crate::etcd::pod_state(Some(p), now) != crate::membership::PodState::Ready);
+        || etcd.pods.iter().any(|p| {
+            crate::etcd::pod_state(Some(p), now) != crate::etcd::membership::PodState::Ready
+        });
     etcd.settled || (waiting_on_a_pod && etcd.pods.iter().all(|p| crate::etcd::restarts(p) == 0))
 }
 

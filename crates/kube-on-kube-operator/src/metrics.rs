@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use crate::etcd::Report;
 use crate::names::Names;
 use crate::pki;
-use crate::secrets::CERT;
+use crate::pki::secrets::CERT;
 
 /// The Cluster controller's metrics.
 pub struct Domain {

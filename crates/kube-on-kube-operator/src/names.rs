@@ -199,12 +199,12 @@ mod tests {
         ] {
             out.push(("Secret", secret));
         }
-        for planned in crate::certs::plan(&c, &n, &[]).expect("plan") {
+        for planned in crate::pki::certificates::plan(&c, &n, &[]).expect("plan") {
             out.push((
                 "Secret",
                 match planned.target {
-                    crate::certs::Target::TlsSecret(s) => s,
-                    crate::certs::Target::Kubeconfig { secret, .. } => secret,
+                    crate::pki::certificates::Target::TlsSecret(s) => s,
+                    crate::pki::certificates::Target::Kubeconfig { secret, .. } => secret,
                 },
             ));
         }

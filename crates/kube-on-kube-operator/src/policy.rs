@@ -125,7 +125,12 @@ pub fn default_repositories(config: &Config) -> Vec<String> {
         Component::NodeOperator,
     ]
     .into_iter()
-    .map(|c| format!("{registry}/{}", crate::upgrade::display_name(c)))
+    .map(|c| {
+        format!(
+            "{registry}/{}",
+            crate::control_plane::upgrade::display_name(c)
+        )
+    })
     .chain(
         [
             "kube-proxy",
@@ -327,27 +332,27 @@ pub fn check(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
         ),
         (
             "spec.apiServer.image",
-            crate::rollout::desired_image(
+            crate::control_plane::desired_image(
                 &config.registry,
-                crate::upgrade::display_name(Component::ApiServer),
+                crate::control_plane::upgrade::display_name(Component::ApiServer),
                 &spec.api_server.component,
                 &spec.version,
             ),
         ),
         (
             "spec.controllerManager.image",
-            crate::rollout::desired_image(
+            crate::control_plane::desired_image(
                 &config.registry,
-                crate::upgrade::display_name(Component::ControllerManager),
+                crate::control_plane::upgrade::display_name(Component::ControllerManager),
                 &spec.controller_manager,
                 &spec.version,
             ),
         ),
         (
             "spec.scheduler.image",
-            crate::rollout::desired_image(
+            crate::control_plane::desired_image(
                 &config.registry,
-                crate::upgrade::display_name(Component::Scheduler),
+                crate::control_plane::upgrade::display_name(Component::Scheduler),
                 &spec.scheduler,
                 &spec.version,
             ),

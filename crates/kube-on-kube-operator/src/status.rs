@@ -30,7 +30,7 @@ pub struct Observed<'a> {
     pub certificates_error: Option<String>,
     /// A certificate authority or the service-account key is missing or
     /// changed and kept from being replaced: the reason and message (see
-    /// [`crate::authorities`]). The control plane runs on meanwhile.
+    /// [`crate::pki::authorities`]). The control plane runs on meanwhile.
     pub certificates_held: Option<(&'static str, String)>,
     /// Add-ons: None while not attempted yet, else how applying them went.
     pub addons: Option<crate::addons::Report>,
@@ -38,7 +38,7 @@ pub struct Observed<'a> {
     pub etcd_version: &'a str,
     /// The control-plane upgrade plan of this reconcile (None while paused):
     /// the versions that run, upgrade progress, a refused version change.
-    pub upgrade: Option<&'a crate::upgrade::Plan>,
+    pub upgrade: Option<&'a crate::control_plane::upgrade::Plan>,
     /// What the etcd step found (None while paused: then the Pods tell).
     pub etcd: Option<&'a crate::etcd::Report>,
 }
@@ -87,7 +87,7 @@ fn deployment(d: Option<&Deployment>, desired: i32, version: &str) -> ComponentS
 }
 
 /// The Cluster's status with only the add-on step's outcome replaced, for a
-/// retry of that step alone (see [`crate::addon_wait`]). Only for an outcome
+/// retry of that step alone (see [`crate::addons::wait`]). Only for an outcome
 /// that is not ready: the Cluster's last status then stays right in all
 /// else, Ready false for the add-ons and the phase. None without a status.
 pub fn with_addons(
@@ -199,8 +199,10 @@ pub fn build(
         );
     }
     // The rollout's own rule, not a second reading of etcd's health.
-    let api_waits =
-        crate::rollout::apiserver_waits(observed.apiserver, observed.etcd.map_or(0, |r| r.ready));
+    let api_waits = crate::control_plane::apiserver_waits(
+        observed.apiserver,
+        observed.etcd.map_or(0, |r| r.ready),
+    );
     let api_ok = if api_waits {
         set(
             APISERVER_READY,
@@ -300,7 +302,7 @@ pub fn build(
     if let Some(plan) = observed.upgrade {
         let (status, reason) = match (&plan.refused, plan.upgrading) {
             (Some(_), _) => (Status::False, "VersionChangeRefused"),
-            (None, true) => (Status::True, crate::upgrade::UPGRADING),
+            (None, true) => (Status::True, crate::control_plane::upgrade::UPGRADING),
             (None, false) => (Status::False, "UpToDate"),
         };
         conditions::set(

@@ -9,8 +9,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use kok_testenv::wait::wait_for;
-use kube_on_kube_operator::etcd_api::{ClientTls, EtcdClient, EtcdError, Member};
-use kube_on_kube_operator::membership::{
+use kube_on_kube_operator::etcd::api::{ClientTls, EtcdClient, EtcdError, Member};
+use kube_on_kube_operator::etcd::membership::{
     ClaimState, ClusterState, Observed, Peer, PodState, Slot, Step, initial_cluster_flag, plan,
 };
 use kube_on_kube_operator::pki::{self, KeyCert, LeafSpec, Usage};

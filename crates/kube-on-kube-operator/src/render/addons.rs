@@ -478,7 +478,7 @@ pub fn context(
     let dns = dns_ip(service_cidr)
         .ok_or_else(|| format!("network.serviceCIDR {service_cidr:?} has no tenth address"))?;
     let kubernetes =
-        crate::certs::kubernetes_service_ip(service_cidr).map_err(|e| e.to_string())?;
+        crate::pki::certificates::kubernetes_service_ip(service_cidr).map_err(|e| e.to_string())?;
     let (host, port) = facts
         .endpoint
         .trim_start_matches("https://")

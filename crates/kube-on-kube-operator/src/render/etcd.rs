@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_on_kube_api::cluster::Cluster;
 
 use super::{component_labels, owner};
-use crate::membership::{ClusterState, Peer, initial_cluster_flag};
+use crate::etcd::membership::{ClusterState, Peer, initial_cluster_flag};
 use crate::names::{Component, Names};
 
 /// Label naming the etcd member a Pod or Service belongs to.

@@ -10,7 +10,7 @@ use kube_on_kube_api::cluster::{Cluster, ExposureType};
 
 use super::control_plane::{self, PodInputs};
 use super::etcd::{self, MemberPod};
-use crate::membership::{ClusterState, Peer};
+use crate::etcd::membership::{ClusterState, Peer};
 use crate::names::Names;
 
 /// Compares each `(file, text)` with `dir/file`, or writes it when
@@ -102,7 +102,7 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
     etcd_services.push(etcd::client_service(cluster, &names));
     let spec = &cluster.spec;
     let image = |name: &str, component| {
-        crate::rollout::desired_image(&config.registry, name, component, &spec.version)
+        crate::control_plane::desired_image(&config.registry, name, component, &spec.version)
     };
     let (apiserver, controller_manager, scheduler) = (
         image("kube-apiserver", &spec.api_server.component),

@@ -9,6 +9,10 @@
 //! (run from outside, or with simulated Pods) it still bootstraps the
 //! members and reports their Pods, but makes no membership change.
 
+pub mod api;
+pub mod membership;
+pub mod spread;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -26,11 +30,11 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::EtcdMemberStatus;
 use serde_json::json;
 
+use self::api::{EtcdClient, EtcdError, Member, Status};
+use self::membership::{ClaimState, ClusterState, Observed, PodState, Slot, Step};
 use crate::Error;
 use crate::applied::resource_version;
 use crate::context::{Config, Context, apply_if_changed, hash_of, list, publish};
-use crate::etcd_api::{EtcdClient, EtcdError, Member, Status};
-use crate::membership::{self, ClaimState, ClusterState, Observed, PodState, Slot, Step};
 use crate::names::Names;
 use crate::render::CONFIG_HASH_ANNOTATION;
 use crate::render::etcd::{self as render, MemberPod};
@@ -105,7 +109,7 @@ pub struct Target {
 pub fn target(cluster: &Cluster, config: &Config, settled: Option<&str>, pods: &[Pod]) -> Target {
     let version = desired_version(cluster, config);
     let refused = settled.and_then(|from| {
-        crate::upgrade::check_etcd_version_change(from, &version)
+        crate::control_plane::upgrade::check_etcd_version_change(from, &version)
             .err()
             .map(|e| (from, e))
     });
@@ -637,7 +641,8 @@ pub async fn reconcile(
     // Members created now are spread over the nodes that can take them.
     let spread = match &step {
         Step::Bootstrap { .. } | Step::StartMember { .. } if desired > 1 => Some(
-            crate::spread::for_new_pods(client, cluster.spec.placement.as_ref(), desired).await,
+            crate::etcd::spread::for_new_pods(client, cluster.spec.placement.as_ref(), desired)
+                .await,
         ),
         _ => None,
     };
@@ -723,7 +728,7 @@ pub async fn reconcile(
                 ready,
                 version: running,
                 condition,
-                spread: crate::spread::condition(desired, &pods),
+                spread: crate::etcd::spread::condition(desired, &pods),
                 settled: settled && slots[..desired].iter().all(|s| !s.outdated),
                 pods,
                 requeue: None,
@@ -744,7 +749,7 @@ pub async fn reconcile(
                 ready,
                 version: running,
                 condition,
-                spread: crate::spread::condition(desired, &pods),
+                spread: crate::etcd::spread::condition(desired, &pods),
                 settled,
                 pods,
                 requeue: None,

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::names::Names;
-use crate::secrets;
+use crate::pki::secrets;
 
 /// How long one request to one endpoint may take before the next is tried.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -4,6 +4,8 @@
 //! applies the three Deployments (each with the hash of the Secrets it mounts,
 //! so rotated certificates roll its Pods), publishing the upgrade's Events.
 
+pub mod upgrade;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -15,12 +17,12 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ComponentSpec;
 use kube_on_kube_api::shared::COMPONENT_LABEL;
 
+use self::upgrade::{Live, Plan, Step};
 use crate::applied::generation;
 use crate::context::{Context, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
 use crate::render::addons::Konnectivity;
-use crate::render::control_plane::{self, PodInputs};
-use crate::upgrade::{self, Live, Plan, Step};
+use crate::render::control_plane::{self as render, PodInputs};
 use crate::{Error, status};
 
 /// What the step applied, and the plan behind it.
@@ -92,12 +94,12 @@ fn mounted_secrets(names: &Names, component: Component, konnectivity: bool) -> V
         ],
     };
     if konnectivity && component == Component::ApiServer {
-        secrets.push(names.kubeconfig_secret(control_plane::KONNECTIVITY_IDENTITY));
+        secrets.push(names.kubeconfig_secret(render::KONNECTIVITY_IDENTITY));
     }
     secrets
 }
 
-fn render(
+fn desired(
     cluster: &Cluster,
     names: &Names,
     component: Component,
@@ -106,9 +108,9 @@ fn render(
     konnectivity: Option<&Konnectivity>,
 ) -> Deployment {
     match component {
-        Component::ControllerManager => control_plane::controller_manager(cluster, names, pod),
-        Component::Scheduler => control_plane::scheduler(cluster, names, pod),
-        _ => control_plane::apiserver(cluster, names, pod, advertise, konnectivity),
+        Component::ControllerManager => render::controller_manager(cluster, names, pod),
+        Component::Scheduler => render::scheduler(cluster, names, pod),
+        _ => render::apiserver(cluster, names, pod, advertise, konnectivity),
     }
 }
 
@@ -211,8 +213,8 @@ fn steps<'a>(
 /// members and control-plane replicas), `etcd_settled` whether etcd runs its
 /// desired version healthy on every member, `etcd_serving` how many members
 /// serve, `pki_held` whether a certificate authority or the service-account
-/// key is held (see [`crate::authorities`]), `advertise` the address
-/// kube-apiserver advertises ([`control_plane::advertised_address`]),
+/// key is held (see [`crate::pki::authorities`]), `advertise` the address
+/// kube-apiserver advertises ([`render::advertised_address`]),
 /// `konnectivity` the server beside it, if any.
 #[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
@@ -250,7 +252,7 @@ pub async fn reconcile(
         if pki_held && let Some(live) = live_hash(deployments.get(&names.deployment(component))) {
             hash = live;
         }
-        let desired = render(
+        let desired = desired(
             cluster,
             names,
             component,
@@ -382,7 +384,7 @@ mod tests {
     #[test]
     fn running_versions_come_from_the_applied_deployments() {
         let cluster: Cluster =
-            serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
                 .expect("example");
         let names = Names::new(&cluster, "cluster.local");
         let version = cluster.spec.version.clone();

@@ -9,6 +9,8 @@
 //! object a new version dropped can be removed, and an add-on that cannot be
 //! rendered keeps what it applied before.
 
+pub mod wait;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
@@ -26,10 +28,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::context::{Context, MANAGER};
 use crate::names::{Component, Names};
+use crate::pki::secrets;
 use crate::render::addons::{self as render, Facts, Plan, Settings};
 use crate::render::control_plane::internal_api_url;
 use crate::render::{config_hash, kubeconfig, owner};
-use crate::secrets;
 
 /// How long a connection to a business API may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

@@ -12,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_on_kube_api::cluster::{AuthorityFingerprints, Cluster};
 use time::OffsetDateTime;
 
-use crate::authorities::{self, Decision, Held, Stored, Which};
-use crate::certs::{Authority, PlannedCert, Target};
 use crate::names::Names;
+use crate::pki::authorities::{self, Decision, Held, Stored, Which};
+use crate::pki::certificates::{Authority, PlannedCert, Target};
 use crate::pki::{self, CertInfo, KeyCert, PkiError};
 use crate::render::kubeconfig::{self, KubeconfigInput};
 use crate::render::owner;
@@ -516,12 +516,12 @@ pub fn merged(existing: &BTreeMap<String, Secret>, changes: &[Change]) -> BTreeM
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::certs;
+    use crate::pki::certificates;
     use kube_on_kube_api::cluster::ClusterMode;
 
     fn cluster() -> Cluster {
         let mut c: Cluster =
-            serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
                 .expect("example");
         c.metadata.uid = Some("uid-1".into());
         c.spec.mode = ClusterMode::Minimal;
@@ -568,7 +568,7 @@ mod tests {
         replace: &[String],
     ) -> Outcome {
         let names = Names::new(c, "cluster.local");
-        let plan = certs::plan(c, &names, &[]).expect("plan");
+        let plan = certificates::plan(c, &names, &[]).expect("plan");
         reconcile(
             &Inputs {
                 cluster: c,

@@ -248,7 +248,7 @@ mod tests {
     use kube_on_kube_api::cluster::{ClusterMode, ExtraUser};
 
     fn cluster(mode: ClusterMode) -> Cluster {
-        let text = include_str!("../../../examples/cluster-production.yaml");
+        let text = include_str!("../../../../examples/cluster-production.yaml");
         let mut c: Cluster = serde_norway::from_str(text).expect("example parses");
         c.spec.mode = mode;
         c

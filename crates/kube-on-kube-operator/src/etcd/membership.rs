@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::etcd_api::Member;
+use crate::etcd::api::Member;
 use crate::names::Names;
 
 /// A member's Pod as observed.
