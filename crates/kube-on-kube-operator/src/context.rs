@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use kok_common::backoff::{Backoff, Poll};
 use kok_common::watch::OwnWrites;
 use kube::api::{Api, ListParams};
@@ -113,6 +114,23 @@ impl Context {
             addon_waits: AddonWaits::default(),
         }
     }
+}
+
+/// What one pass of a Cluster has read and settled before its steps run,
+/// handed to each step whole instead of part by part.
+#[derive(Clone, Copy)]
+pub struct Pass<'a> {
+    pub ctx: &'a Context,
+    pub cluster: &'a Cluster,
+    pub names: &'a Names,
+    /// The Cluster's Secrets, as the PKI step left them.
+    pub secrets: &'a BTreeMap<String, Secret>,
+    /// The Cluster's Services, as the pass read them.
+    pub services: &'a BTreeMap<String, Service>,
+    /// The Cluster's Deployments, as the pass read them.
+    pub deployments: &'a BTreeMap<String, Deployment>,
+    /// The Cluster's Pods: etcd members and control-plane replicas.
+    pub pods: &'a [Pod],
 }
 
 /// The Cluster's objects of one kind, read within the operator's limits

@@ -24,7 +24,7 @@ use time::OffsetDateTime;
 
 use crate::addons::wait::Wait;
 use crate::applied::resource_version;
-use crate::context::{Context, MANAGER, apply_if_changed, apply_over, list, publish};
+use crate::context::{Context, MANAGER, Pass, apply_if_changed, apply_over, list, publish};
 use crate::names::{Component, Names};
 use crate::pki::{authorities, certificates, secrets};
 use crate::render::etcd;
@@ -529,8 +529,16 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     // etcd's members and the control plane's replicas: what the etcd step
     // does to its members does not concern the replicas.
     let pods = list(&ctx, &pods_api, &names).await?;
-    let etcd_report =
-        crate::etcd::reconcile(&ctx, &cluster, &names, &all_secrets, &services, &pods).await?;
+    let pass = Pass {
+        ctx: &ctx,
+        cluster: &cluster,
+        names: &names,
+        secrets: &all_secrets,
+        services: &services,
+        deployments: &deployments,
+        pods: &pods,
+    };
+    let etcd_report = crate::etcd::reconcile(&pass).await?;
     let etcd_pods = etcd_report.pods.clone();
 
     // kube-apiserver's egress selector configuration, before the Pods that
@@ -558,18 +566,15 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         scheduler,
         plan: upgrade_plan,
     } = control_plane::reconcile(
-        &ctx,
-        &cluster,
-        &names,
-        &all_secrets,
-        &deployments,
-        &pods,
-        etcd_settled,
-        etcd_report.ready,
-        &etcd_version,
-        certificates_held.is_some(),
-        advertise.as_deref(),
-        konnectivity.as_ref(),
+        &pass,
+        &control_plane::Prior {
+            etcd_settled,
+            etcd_serving: etcd_report.ready,
+            etcd_version: &etcd_version,
+            pki_held: certificates_held.is_some(),
+            advertise: advertise.as_deref(),
+            konnectivity: konnectivity.as_ref(),
+        },
     )
     .await?;
 

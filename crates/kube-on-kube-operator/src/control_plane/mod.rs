@@ -9,7 +9,7 @@ pub mod upgrade;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kok_common::conditions::Status;
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -19,7 +19,7 @@ use kube_on_kube_api::shared::COMPONENT_LABEL;
 
 use self::upgrade::{Live, Plan, Step};
 use crate::applied::generation;
-use crate::context::{Context, apply_if_changed, hash_of, publish};
+use crate::context::{Pass, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
 use crate::render::addons::Konnectivity;
 use crate::render::control_plane::{self as render, PodInputs};
@@ -209,28 +209,43 @@ fn steps<'a>(
         .collect()
 }
 
-/// Plan and apply the three Deployments. `pods` are the cluster's Pods (etcd
-/// members and control-plane replicas), `etcd_settled` whether etcd runs its
-/// desired version healthy on every member, `etcd_serving` how many members
-/// serve, `pki_held` whether a certificate authority or the service-account
-/// key is held (see [`crate::pki::authorities`]), `advertise` the address
-/// kube-apiserver advertises ([`render::advertised_address`]),
-/// `konnectivity` the server beside it, if any.
-#[allow(clippy::too_many_arguments)]
-pub async fn reconcile(
-    ctx: &Context,
-    cluster: &Cluster,
-    names: &Names,
-    secrets: &BTreeMap<String, Secret>,
-    deployments: &BTreeMap<String, Deployment>,
-    pods: &[Pod],
-    etcd_settled: bool,
-    etcd_serving: i32,
-    etcd_version: &str,
-    pki_held: bool,
-    advertise: Option<&str>,
-    konnectivity: Option<&Konnectivity>,
-) -> Result<Outcome, Error> {
+/// What the steps before the control plane found that it depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct Prior<'a> {
+    /// etcd runs its desired version healthy on every member.
+    pub etcd_settled: bool,
+    /// How many etcd members serve.
+    pub etcd_serving: i32,
+    /// The etcd version the Cluster asks for.
+    pub etcd_version: &'a str,
+    /// A certificate authority or the service-account key is held (see
+    /// [`crate::pki::authorities`]).
+    pub pki_held: bool,
+    /// The address kube-apiserver advertises ([`render::advertised_address`]).
+    pub advertise: Option<&'a str>,
+    /// The konnectivity server beside kube-apiserver, if any.
+    pub konnectivity: Option<&'a Konnectivity>,
+}
+
+/// Plan and apply the three Deployments.
+pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Error> {
+    let Pass {
+        ctx,
+        cluster,
+        names,
+        secrets,
+        deployments,
+        pods,
+        ..
+    } = *pass;
+    let Prior {
+        etcd_settled,
+        etcd_serving,
+        etcd_version,
+        pki_held,
+        advertise,
+        konnectivity,
+    } = *prior;
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let inputs = inputs(
         cluster,

@@ -34,7 +34,7 @@ use self::api::{EtcdClient, EtcdError, Member, Status};
 use self::membership::{ClaimState, ClusterState, Observed, PodState, Slot, Step};
 use crate::Error;
 use crate::applied::resource_version;
-use crate::context::{Config, Context, apply_if_changed, hash_of, list, publish};
+use crate::context::{Config, Context, Pass, apply_if_changed, hash_of, list, publish};
 use crate::names::Names;
 use crate::render::CONFIG_HASH_ANNOTATION;
 use crate::render::etcd::{self as render, MemberPod};
@@ -486,14 +486,16 @@ enum Outcome {
 /// The etcd step of the reconcile. Not called while the Cluster is paused.
 /// `services` and `pods` are the Cluster's Services and Pods as the
 /// reconcile read them.
-pub async fn reconcile(
-    ctx: &Context,
-    cluster: &Cluster,
-    names: &Names,
-    secrets: &BTreeMap<String, Secret>,
-    services: &BTreeMap<String, Service>,
-    pods: &[Pod],
-) -> Result<Report, Error> {
+pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
+    let Pass {
+        ctx,
+        cluster,
+        names,
+        secrets,
+        services,
+        pods,
+        ..
+    } = *pass;
     let client = &ctx.client;
     let ns = &names.namespace;
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ns);
