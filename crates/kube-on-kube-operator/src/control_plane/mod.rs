@@ -18,12 +18,13 @@ use kube_on_kube_api::cluster::ComponentSpec;
 use kube_on_kube_api::shared::COMPONENT_LABEL;
 
 use self::upgrade::{Live, Plan, Step};
+use crate::Error;
 use crate::applied::generation;
 use crate::context::{Pass, apply_if_changed, hash_of, publish};
 use crate::names::{Component, Names};
 use crate::render::addons::Konnectivity;
 use crate::render::control_plane::{self as render, PodInputs};
-use crate::{Error, status};
+use kube_on_kube_api::cluster::PROGRESSING;
 
 /// What the step applied, and the plan behind it.
 pub struct Outcome {
@@ -131,7 +132,7 @@ fn was_upgrading(cluster: &Cluster) -> bool {
     cluster
         .status
         .as_ref()
-        .and_then(|s| s.condition(status::PROGRESSING))
+        .and_then(|s| s.condition(PROGRESSING))
         .is_some_and(|c| c.status == Status::True && c.reason == upgrade::UPGRADING)
 }
 
