@@ -46,6 +46,10 @@ done
 name=${cluster#*/}
 
 log() { echo "[conformance $(date +%H:%M:%S)] $*" >&2; }
+# The commit the operators are built from, taken now: the tree may move on
+# while the suite runs.
+commit=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit="$commit+changes"
 if [ -x scripts/testhost-deps.sh ]; then scripts/testhost-deps.sh; fi
 KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh --e2e | tail -n 1)
 export KOK_TESTENV_BIN_DIR
@@ -125,7 +129,7 @@ if [ $serial = yes ]; then
 fi
 took=$(( $(date +%s) - started ))
 
-python3 - "$out" "$took" "$(git rev-parse --short HEAD)" "$cluster" <<'PY'
+python3 - "$out" "$took" "$commit" "$cluster" <<'PY'
 import glob, os, sys, xml.etree.ElementTree as ET
 out, took, commit, cluster = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 passed, failed, skipped = [], [], []
