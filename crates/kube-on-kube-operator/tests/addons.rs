@@ -766,7 +766,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
             coredns_bumped,
             kube_proxy_off,
             node_operator_off,
-            konnectivity(json!({"serverPort": 9132, "serverImage": ""}))
+            konnectivity(json!({"serverPort": 70000}))
         ]),
     )
     .await;
@@ -774,12 +774,13 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         &clusters,
         "AddonsReady False for the refused konnectivity value",
         Duration::from_secs(90),
-        |(s, _, m)| s == "False" && m.contains("serverImage"),
+        |(s, _, m)| s == "False" && m.contains("serverPort"),
     )
     .await;
     assert_eq!(reason, "InvalidTemplate", "{message}");
     assert!(
-        message.contains("konnectivity: values.serverImage must be an image reference, not \"\""),
+        message
+            .contains("konnectivity: values.serverPort must be a port number (1-65535), not 70000"),
         "{message}"
     );
     assert_eq!(agent_port().await, Some(9132), "the server's port is kept");
