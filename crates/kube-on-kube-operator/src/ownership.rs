@@ -7,8 +7,8 @@
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::Error;
@@ -83,13 +83,8 @@ where
         return check_meta(live.meta());
     }
     let name = desired.meta().name.clone().unwrap_or_default();
-    let reading = format!("reading {} {name}", K::kind(&()));
-    match api
-        .get_metadata_opt(&name)
-        .await
-        .map_err(Error::kube(reading))?
-    {
-        Some(live) => check_meta(&live.metadata),
+    match live_metadata(api, &name).await? {
+        Some(live) => check_meta(&live),
         None => Ok(()),
     }
 }
@@ -100,15 +95,25 @@ pub async fn existing<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> Re
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let reading = format!("reading {} {name}", K::kind(&()));
-    match api
-        .get_metadata_opt(name)
-        .await
-        .map_err(Error::kube(reading))?
-    {
-        Some(live) => check(&K::kind(&()), owner, &live.metadata).map_err(Error::NameConflict),
+    match live_metadata(api, name).await? {
+        Some(live) => check(&K::kind(&()), owner, &live).map_err(Error::NameConflict),
         None => Ok(()),
     }
+}
+
+/// The metadata of the live object `name`, if there is one; a failed read
+/// says which object it was (formatted only then).
+async fn live_metadata<K>(api: &Api<K>, name: &str) -> Result<Option<ObjectMeta>, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.get_metadata_opt(name)
+        .await
+        .map(|live| live.map(|l| l.metadata))
+        .map_err(|source| Error::Kube {
+            call: format!("reading {} {name}", K::kind(&())),
+            source,
+        })
 }
 
 /// Delete `name` if `owner` controls it (see [`check`]), with its UID as the
@@ -123,18 +128,13 @@ pub async fn delete_owned<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let reading = format!("reading {} {name}", K::kind(&()));
-    let Some(live) = api
-        .get_metadata_opt(name)
-        .await
-        .map_err(Error::kube(reading))?
-    else {
+    let Some(live) = live_metadata(api, name).await? else {
         return Ok(false);
     };
-    check(&K::kind(&()), owner, &live.metadata).map_err(Error::NameConflict)?;
+    check(&K::kind(&()), owner, &live).map_err(Error::NameConflict)?;
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: live.uid(),
+            uid: live.uid.clone(),
             resource_version: None,
         }),
         ..params.clone()
