@@ -177,6 +177,29 @@ impl Draft {
         }
     }
 
+    /// The plan of a release that got past selection: its conditions
+    /// (Progressing, Halted, RolledBack, Promoted) settled from the phase
+    /// and the budget.
+    fn concluded(
+        mut self,
+        pass: &Pass<'_>,
+        failed: usize,
+        budget: usize,
+        halted: bool,
+        promote: Option<BTreeMap<String, String>>,
+    ) -> Plan {
+        finish_conditions(
+            &mut self.conditions,
+            &self.status,
+            failed,
+            budget,
+            halted,
+            pass.generation,
+            pass.now,
+        );
+        self.done(promote)
+    }
+
     fn done(mut self, promote: Option<BTreeMap<String, String>>) -> Plan {
         self.status.conditions = self.conditions;
         Plan {
@@ -294,16 +317,7 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
         Step::RollBack => roll_back(&pass, &mut d, over, failed, budget),
         Step::Promote => {
             promote(&pass, &mut d);
-            finish_conditions(
-                &mut d.conditions,
-                &d.status,
-                failed,
-                budget,
-                halted,
-                generation,
-                now,
-            );
-            return d.done(Some(spec.packages.clone()));
+            return d.concluded(&pass, failed, budget, halted, Some(spec.packages.clone()));
         }
         Step::Halt => {
             if old.phase != Some(CanaryPhase::Halted) {
@@ -327,16 +341,7 @@ pub fn plan(release: &CanaryRelease, machines: &[Machine], nodes: &[Node], now: 
     let current = d.status.current_batch.unwrap_or(0);
     d.status.batch_progress = Some(format!("{}/{total}", (current + 1).min(total)));
     aggregate(&mut d.status);
-    finish_conditions(
-        &mut d.conditions,
-        &d.status,
-        failed,
-        budget,
-        halted,
-        generation,
-        now,
-    );
-    d.done(None)
+    d.concluded(&pass, failed, budget, halted, None)
 }
 
 /// Select the Machines the selector picks that nobody else claims, in
