@@ -731,19 +731,17 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
             .find(|p| p.name.as_deref() == Some("konnectivity"))
             .map(|p| p.port)
     };
-    let konnectivity =
-        |values: Value| json!({"name": "konnectivity", "version": "0.34.0", "values": values});
-    set_addons(
-        &clusters,
+    // The add-ons as they are, with konnectivity's values.
+    let with_konnectivity = |values: Value| {
         json!([
             demo_v2,
             coredns_bumped,
             kube_proxy_off,
             node_operator_off,
-            konnectivity(json!({"serverPort": 9132}))
-        ]),
-    )
-    .await;
+            {"name": "konnectivity", "version": "0.34.0", "values": values},
+        ])
+    };
+    set_addons(&clusters, with_konnectivity(json!({"serverPort": 9132}))).await;
     wait_for(
         "the agents' port to move",
         Duration::from_secs(90),
@@ -759,17 +757,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
             .generation
     };
     let before = generation().await;
-    set_addons(
-        &clusters,
-        json!([
-            demo_v2,
-            coredns_bumped,
-            kube_proxy_off,
-            node_operator_off,
-            konnectivity(json!({"serverPort": 70000}))
-        ]),
-    )
-    .await;
+    set_addons(&clusters, with_konnectivity(json!({"serverPort": 70000}))).await;
     let (_, reason, message) = wait_addons(
         &clusters,
         "AddonsReady False for the refused konnectivity value",
