@@ -706,13 +706,29 @@ pub async fn wait_pods(
                         cluster.key,
                         pod.metadata.namespace.as_deref().unwrap_or_default(),
                         pod.metadata.name.as_deref().unwrap_or_default(),
-                        if phase == "Running" {
-                            " (not ready)"
-                        } else {
-                            ""
+                        match (phase.as_str(), why_waiting(&pod)) {
+                            ("Running", None) => " (not ready)".to_owned(),
+                            ("Running", Some(why)) => format!(" (not ready, {why})"),
+                            (_, None) => String::new(),
+                            (_, Some(why)) => format!(" ({why})"),
                         }
                     )),
                 }
+            }
+            if !waiting.is_empty() {
+                let nodes = Api::<Node>::all(cluster.client.clone())
+                    .list(&Default::default())
+                    .await?;
+                waiting.push(format!(
+                    "{} Nodes: {}",
+                    cluster.key,
+                    nodes
+                        .items
+                        .iter()
+                        .map(node_summary)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
             }
         }
         Ok(if waiting.is_empty() {
@@ -722,6 +738,82 @@ pub async fn wait_pods(
         })
     })
     .await
+}
+
+/// Why a Pod that is not ready waits, as the scheduler or the kubelet says
+/// it: the first condition that is not True with a message, else the first
+/// container (init ones first) that waits with a reason. A wait that times
+/// out then says more than "Pending".
+fn why_waiting(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let scheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled");
+    if let Some(c) = scheduled.filter(|c| c.status != "True") {
+        return Some(format!(
+            "not scheduled: {}",
+            clip(c.message.as_deref().unwrap_or_default())
+        ));
+    }
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or("?");
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for c in containers {
+        if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            return Some(format!(
+                "on {node}: {} {}: {}",
+                c.name,
+                w.reason.as_deref().unwrap_or("waiting"),
+                clip(w.message.as_deref().unwrap_or_default())
+            ));
+        }
+    }
+    Some(format!("on {node}"))
+}
+
+/// A Node as one word of a wait's report: its name, Ready or not, and
+/// cordoned or tainted.
+fn node_summary(node: &Node) -> String {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .map_or("Unknown", |c| c.status.as_str());
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable) == Some(true);
+    let taints = spec
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.as_str()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    format!(
+        "{} Ready={ready}{}{}",
+        node.metadata.name.as_deref().unwrap_or_default(),
+        if cordoned { " cordoned" } else { "" },
+        if taints.is_empty() {
+            String::new()
+        } else {
+            format!(" taints={}", taints.join(","))
+        }
+    )
+}
+
+/// At most 160 characters of a message, on one line.
+fn clip(message: &str) -> String {
+    let line = message.replace('\n', " ");
+    match line.char_indices().nth(160) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line,
+    }
 }
 
 /// Waits until every CanaryRelease of every cluster has succeeded; an error
