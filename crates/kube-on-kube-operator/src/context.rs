@@ -1,5 +1,6 @@
-//! What every Cluster pass shares: the operator's settings ([`Config`]),
-//! the state kept between passes ([`Context`]), and the helpers each step
+//! What every Cluster pass shares: the operator's settings
+//! ([`Config`], from [`crate::config`]), the state kept between passes
+//! ([`Context`]), and the helpers each step
 //! reads and writes the meta-cluster with (bounded lists, applies that skip
 //! unchanged objects, Events on the Cluster).
 
@@ -22,15 +23,9 @@ use crate::Error;
 use crate::addons;
 use crate::addons::wait::AddonWaits;
 use crate::applied::{Applied, Version, desired_hash};
+use crate::config::{ADDON_RETRY_MAX, Config};
 use crate::names::Names;
 use crate::render::config_hash;
-
-/// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
-/// Short, because the first attempts often meet a business API that has just
-/// started (replicas Ready before every one is reachable) and answers
-/// seconds later.
-const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
-const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// A converging Cluster is looked at again this soon after its status
 /// changed, doubling while it does not, up to [`POLL_MAX`].
@@ -39,45 +34,6 @@ const POLL_MAX: Duration = Duration::from_secs(60);
 
 /// Field manager of everything this operator applies.
 pub const MANAGER: &str = "kube-on-kube-operator";
-
-/// Settings of the operator itself.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// DNS domain of the meta-cluster (for Service names in certificates and URLs).
-    pub meta_domain: String,
-    /// Registry the component images come from.
-    pub registry: String,
-    /// etcd version used when the Cluster does not set one.
-    pub etcd_version: String,
-    /// Image of the node-operator each Cluster gets (default:
-    /// `<registry>/node-operator:<operator version>`).
-    pub node_operator_image: Option<String>,
-    /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
-    /// its own namespace's.
-    pub addon_template_namespace: Option<String>,
-    /// First wait before a failed add-on step is tried again; it doubles up
-    /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
-    pub addon_retry: Duration,
-    /// The images and hostPaths a Cluster may ask for beyond the defaults.
-    pub policy: crate::policy::Policy,
-    /// How much one list of a namespace may return.
-    pub limits: crate::bounded::Limits,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            meta_domain: "cluster.local".into(),
-            registry: "registry.k8s.io".into(),
-            etcd_version: "3.6.16".into(),
-            node_operator_image: None,
-            addon_template_namespace: None,
-            addon_retry: ADDON_RETRY_FIRST,
-            policy: Default::default(),
-            limits: Default::default(),
-        }
-    }
-}
 
 /// What every reconcile shares.
 pub struct Context {

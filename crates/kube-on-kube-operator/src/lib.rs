@@ -5,6 +5,7 @@
 pub mod addons;
 pub mod applied;
 pub mod bounded;
+pub mod config;
 pub mod context;
 pub mod control_plane;
 pub mod controller;

@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     // Listed on /metrics from the start, before any Cluster is reconciled.
     kube_on_kube_operator::metrics::domain();
     let client = args.client.connect("the meta-cluster").await?;
-    let config = kube_on_kube_operator::context::Config {
+    let config = kube_on_kube_operator::config::Config {
         meta_domain: args.meta_cluster_domain,
         registry: args.image_registry,
         etcd_version: args.etcd_version,

@@ -9,7 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired, Status};
 use kube_on_kube_api::cluster::{ALLOWED, Cluster, ClusterPhase, ClusterStatus};
 
-use crate::context::Config;
+use crate::config::Config;
+pub use crate::config::Policy;
 use crate::names::Component;
 
 /// Flag of [`Policy::images`].
@@ -22,17 +23,6 @@ pub const ANY_IMAGE: &str = "*";
 /// Condition reasons of a refusal.
 pub const IMAGE_NOT_ALLOWED: &str = "ImageNotAllowed";
 pub const HOST_PATH_NOT_ALLOWED: &str = "HostPathNotAllowed";
-
-/// What the operator's flags allow a Cluster spec beyond its defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Policy {
-    /// Images allowed besides the repositories of the built-in defaults
-    /// (see [`image_allowed`] for the forms).
-    pub images: Vec<String>,
-    /// Node directories under which `<prefix>/<namespace>` may hold a
-    /// Cluster's etcd data; none: no hostPath is allowed.
-    pub host_path_prefixes: Vec<String>,
-}
 
 /// The flags that set [`Policy`].
 #[derive(clap::Args, Debug, Clone, Default)]

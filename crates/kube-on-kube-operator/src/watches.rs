@@ -19,7 +19,8 @@ use kube_on_kube_api::shared::CLUSTER_LABEL;
 use serde::de::DeserializeOwned;
 
 use crate::Error;
-use crate::context::{Config, Context, MANAGER};
+use crate::config::Config;
+use crate::context::{Context, MANAGER};
 use crate::controller::{error_policy, reconcile};
 
 /// Run the Cluster controller until SIGTERM/SIGINT. `namespace` limits it to one

@@ -21,7 +21,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube_on_kube_api::{Cluster, ClusterStatus};
 use kube_on_kube_operator::addons::{TemplatesError, templates};
 use kube_on_kube_operator::bounded::Limits;
-use kube_on_kube_operator::context::{Config, Context};
+use kube_on_kube_operator::config::Config;
+use kube_on_kube_operator::context::Context;
 use kube_on_kube_operator::names::Names;
 use serde_json::json;
 

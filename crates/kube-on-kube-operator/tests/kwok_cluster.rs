@@ -17,7 +17,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube_on_kube_api::cluster::ClusterMode;
 use kube_on_kube_api::{Cluster, ClusterStatus};
-use kube_on_kube_operator::context::{Config, Context};
+use kube_on_kube_operator::config::Config;
+use kube_on_kube_operator::context::Context;
 use kube_on_kube_operator::controller::{WATCHED_RECHECK, reconcile};
 
 async fn converge(

@@ -51,7 +51,7 @@ pub(crate) fn yaml<T: serde::Serialize>(objects: &[T]) -> String {
 /// is the address a load balancer gave the external Service, if any.
 fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<(String, String)> {
     let names = Names::new(cluster, "cluster.local");
-    let config = crate::context::Config::default();
+    let config = crate::config::Config::default();
     let konnectivity =
         crate::render::addons::konnectivity(cluster, &config.registry).expect("valid");
     let mut external =

@@ -21,7 +21,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{ClusterMode, Placement};
-use kube_on_kube_operator::context::{Config, Context};
+use kube_on_kube_operator::config::Config;
+use kube_on_kube_operator::context::Context;
 use serde_json::json;
 
 /// The node-operator binary, for the image of its Deployment:

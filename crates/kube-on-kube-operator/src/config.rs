@@ -1,0 +1,65 @@
+//! The operator's own settings, set by its flags: where images come from,
+//! the defaults a Cluster spec falls back to, what a spec may ask for beyond
+//! them ([`Policy`]) and how much one read may return. Plain values, read by
+//! every step; nothing here talks to an API.
+
+use std::time::Duration;
+
+use crate::bounded::Limits;
+
+/// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
+/// Short, because the first attempts often meet a business API that has just
+/// started (replicas Ready before every one is reachable) and answers
+/// seconds later.
+const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// Settings of the operator itself.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// DNS domain of the meta-cluster (for Service names in certificates and URLs).
+    pub meta_domain: String,
+    /// Registry the component images come from.
+    pub registry: String,
+    /// etcd version used when the Cluster does not set one.
+    pub etcd_version: String,
+    /// Image of the node-operator each Cluster gets (default:
+    /// `<registry>/node-operator:<operator version>`).
+    pub node_operator_image: Option<String>,
+    /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
+    /// its own namespace's.
+    pub addon_template_namespace: Option<String>,
+    /// First wait before a failed add-on step is tried again; it doubles up
+    /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
+    pub addon_retry: Duration,
+    /// The images and hostPaths a Cluster may ask for beyond the defaults.
+    pub policy: Policy,
+    /// How much one list of a namespace may return.
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            meta_domain: "cluster.local".into(),
+            registry: "registry.k8s.io".into(),
+            etcd_version: "3.6.16".into(),
+            node_operator_image: None,
+            addon_template_namespace: None,
+            addon_retry: ADDON_RETRY_FIRST,
+            policy: Default::default(),
+            limits: Default::default(),
+        }
+    }
+}
+
+/// What the operator's flags allow a Cluster spec beyond its defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Images allowed besides the repositories of the built-in defaults
+    /// (see [`crate::policy::image_allowed`] for the forms).
+    pub images: Vec<String>,
+    /// Node directories under which `<prefix>/<namespace>` may hold a
+    /// Cluster's etcd data; none: no hostPath is allowed.
+    pub host_path_prefixes: Vec<String>,
+}
