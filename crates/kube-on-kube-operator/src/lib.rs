@@ -20,6 +20,7 @@ pub mod refused;
 pub mod render;
 pub mod status;
 pub mod teardown;
+pub mod versions;
 pub mod watches;
 
 pub use context::Context;

@@ -142,6 +142,17 @@ impl Names {
     }
 }
 
+/// The name users know a component by.
+pub fn display_name(component: Component) -> &'static str {
+    match component {
+        Component::Etcd => "etcd",
+        Component::ApiServer => "kube-apiserver",
+        Component::ControllerManager => "kube-controller-manager",
+        Component::Scheduler => "kube-scheduler",
+        Component::NodeOperator => "node-operator",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,12 +115,7 @@ pub fn default_repositories(config: &Config) -> Vec<String> {
         Component::NodeOperator,
     ]
     .into_iter()
-    .map(|c| {
-        format!(
-            "{registry}/{}",
-            crate::control_plane::upgrade::display_name(c)
-        )
-    })
+    .map(|c| format!("{registry}/{}", crate::names::display_name(c)))
     .chain(
         [
             "kube-proxy",
@@ -318,31 +313,31 @@ pub fn check(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
     let components = [
         (
             "spec.etcd.image",
-            crate::etcd::desired_image(cluster, config),
+            crate::versions::etcd_image(cluster, config),
         ),
         (
             "spec.apiServer.image",
-            crate::control_plane::desired_image(
+            crate::versions::component_image(
                 &config.registry,
-                crate::control_plane::upgrade::display_name(Component::ApiServer),
+                crate::names::display_name(Component::ApiServer),
                 &spec.api_server.component,
                 &spec.version,
             ),
         ),
         (
             "spec.controllerManager.image",
-            crate::control_plane::desired_image(
+            crate::versions::component_image(
                 &config.registry,
-                crate::control_plane::upgrade::display_name(Component::ControllerManager),
+                crate::names::display_name(Component::ControllerManager),
                 &spec.controller_manager,
                 &spec.version,
             ),
         ),
         (
             "spec.scheduler.image",
-            crate::control_plane::desired_image(
+            crate::versions::component_image(
                 &config.registry,
-                crate::control_plane::upgrade::display_name(Component::Scheduler),
+                crate::names::display_name(Component::Scheduler),
                 &spec.scheduler,
                 &spec.version,
             ),

@@ -21,9 +21,10 @@ use self::upgrade::{Live, Plan, Step};
 use crate::Error;
 use crate::applied::generation;
 use crate::context::{Pass, apply_if_changed, hash_of, publish};
-use crate::names::{Component, Names};
+use crate::names::{Component, Names, display_name};
 use crate::render::addons::Konnectivity;
 use crate::render::control_plane::{self as render, PodInputs};
+use crate::versions::component_image;
 use kube_on_kube_api::cluster::PROGRESSING;
 
 /// What the step applied, and the plan behind it.
@@ -33,22 +34,6 @@ pub struct Outcome {
     pub controller_manager: Deployment,
     pub scheduler: Deployment,
     pub plan: Plan,
-}
-
-/// The image the spec asks for one component: its own image, else the
-/// registry's image at its own version or the cluster's.
-pub fn desired_image(
-    registry: &str,
-    name: &str,
-    spec: &ComponentSpec,
-    cluster_version: &str,
-) -> String {
-    spec.image.clone().unwrap_or_else(|| {
-        format!(
-            "{registry}/{name}:v{}",
-            spec.version.as_deref().unwrap_or(cluster_version)
-        )
-    })
 }
 
 fn component_spec(cluster: &Cluster, component: Component) -> &ComponentSpec {
@@ -197,12 +182,7 @@ fn steps<'a>(
                 .count();
             Step {
                 component,
-                desired_image: desired_image(
-                    registry,
-                    upgrade::display_name(component),
-                    spec,
-                    version,
-                ),
+                desired_image: component_image(registry, display_name(component), spec, version),
                 desired_version: spec.version.clone().unwrap_or_else(|| version.clone()),
                 live: deployment(component).and_then(|d| Live::of(d, terminating)),
             }
@@ -372,7 +352,7 @@ mod tests {
                         containers: vec![Container {
                             image: Some(format!(
                                 "registry.k8s.io/{}:v{version}",
-                                upgrade::display_name(component)
+                                display_name(component)
                             )),
                             ..Default::default()
                         }],

@@ -39,6 +39,7 @@ use crate::context::{Context, Pass, apply_if_changed, hash_of, list, publish};
 use crate::names::Names;
 use crate::render::CONFIG_HASH_ANNOTATION;
 use crate::render::etcd::{self as render, MemberPod};
+use crate::versions::{check_etcd_version_change, etcd_image, etcd_version};
 
 /// Field manager of the recorded change (`status.etcdChange`), apart from the
 /// one of the rest of the status, so each write leaves the other's fields be.
@@ -65,34 +66,6 @@ pub const MAX_MEMBERS: usize = 3;
 /// retry of the third is also pending: its requests then hang.
 pub const ROLL_SETTLE: Duration = Duration::from_secs(15);
 
-/// The etcd version a Cluster asks for.
-pub fn desired_version(cluster: &Cluster, config: &Config) -> String {
-    cluster
-        .spec
-        .etcd
-        .component
-        .version
-        .clone()
-        .unwrap_or_else(|| config.etcd_version.clone())
-}
-
-/// The image of the etcd members.
-pub fn desired_image(cluster: &Cluster, config: &Config) -> String {
-    cluster
-        .spec
-        .etcd
-        .component
-        .image
-        .clone()
-        .unwrap_or_else(|| {
-            format!(
-                "{}/etcd:{}-0",
-                config.registry,
-                desired_version(cluster, config)
-            )
-        })
-}
-
 /// The version and image the members are to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -108,15 +81,15 @@ pub struct Target {
 /// when etcd last settled) skips or goes back a minor version; then the ones
 /// the members run.
 pub fn target(cluster: &Cluster, config: &Config, settled: Option<&str>, pods: &[Pod]) -> Target {
-    let version = desired_version(cluster, config);
+    let version = etcd_version(cluster, config);
     let refused = settled.and_then(|from| {
-        crate::control_plane::upgrade::check_etcd_version_change(from, &version)
+        check_etcd_version_change(from, &version)
             .err()
             .map(|e| (from, e))
     });
     match refused {
         None => Target {
-            image: desired_image(cluster, config),
+            image: etcd_image(cluster, config),
             version,
             refused: None,
         },

@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
+use crate::versions::etcd_image;
 
 fn names() -> Names {
     Names {
@@ -366,12 +367,12 @@ fn images_follow_the_version_unless_given() {
     let config = Config::default();
     c.spec.etcd.component.version = Some("3.6.15".into());
     c.spec.etcd.component.image = None;
-    assert_eq!(desired_version(&c, &config), "3.6.15");
-    assert_eq!(desired_image(&c, &config), "registry.k8s.io/etcd:3.6.15-0");
+    assert_eq!(etcd_version(&c, &config), "3.6.15");
+    assert_eq!(etcd_image(&c, &config), "registry.k8s.io/etcd:3.6.15-0");
     c.spec.etcd.component.image = Some("mirror/etcd:x".into());
-    assert_eq!(desired_image(&c, &config), "mirror/etcd:x");
+    assert_eq!(etcd_image(&c, &config), "mirror/etcd:x");
     c.spec.etcd.component.version = None;
-    assert_eq!(desired_version(&c, &config), config.etcd_version);
+    assert_eq!(etcd_version(&c, &config), config.etcd_version);
 }
 
 /// A hostPath member pinned to its node keeps its data past its Pod, as a

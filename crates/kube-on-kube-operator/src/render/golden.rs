@@ -72,8 +72,8 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
         })
         .collect();
     // Images and versions as the operator picks them with its default flags.
-    let etcd_version = crate::etcd::desired_version(cluster, &config);
-    let etcd_image = crate::etcd::desired_image(cluster, &config);
+    let etcd_version = crate::versions::etcd_version(cluster, &config);
+    let etcd_image = crate::versions::etcd_image(cluster, &config);
     let mut etcd_pods = Vec::new();
     let mut etcd_services: Vec<Service> = Vec::new();
     let mut claims = Vec::new();
@@ -102,7 +102,7 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
     etcd_services.push(etcd::client_service(cluster, &names));
     let spec = &cluster.spec;
     let image = |name: &str, component| {
-        crate::control_plane::desired_image(&config.registry, name, component, &spec.version)
+        crate::versions::component_image(&config.registry, name, component, &spec.version)
     };
     let (apiserver, controller_manager, scheduler) = (
         image("kube-apiserver", &spec.api_server.component),
