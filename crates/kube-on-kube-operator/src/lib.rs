@@ -13,6 +13,7 @@ pub mod error;
 pub mod etcd;
 pub mod metrics;
 pub mod names;
+pub mod network;
 pub mod ownership;
 pub mod pki;
 pub mod policy;

@@ -2,11 +2,12 @@
 //! plan from the spec (and the Service addresses observed so far) that the PKI
 //! step issues and keeps current.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use kube_on_kube_api::cluster::Cluster;
 
 use crate::names::Names;
+use crate::network::kubernetes_service_ip;
 use crate::pki::{LeafSpec, Usage};
 
 /// Which CA signs a certificate.
@@ -49,25 +50,6 @@ pub enum PlanError {
     ServiceCidr(String),
     #[error("apiServer.external.addresses entry {0:?} is not an IP address")]
     Address(String),
-}
-
-/// The first address of the service CIDR: the business cluster's `kubernetes`
-/// Service, which must be a SAN of the serving certificate.
-pub fn kubernetes_service_ip(service_cidr: &str) -> Result<IpAddr, PlanError> {
-    let bad = || PlanError::ServiceCidr(service_cidr.to_string());
-    let (addr, prefix) = service_cidr.split_once('/').ok_or_else(bad)?;
-    let prefix: u32 = prefix.parse().map_err(|_| bad())?;
-    match addr.parse::<IpAddr>().map_err(|_| bad())? {
-        IpAddr::V4(v4) if prefix < 32 => {
-            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
-            Ok(IpAddr::V4(Ipv4Addr::from((u32::from(v4) & mask) + 1)))
-        }
-        IpAddr::V6(v6) if prefix < 128 => {
-            let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
-            Ok(IpAddr::V6(Ipv6Addr::from((u128::from(v6) & mask) + 1)))
-        }
-        _ => Err(bad()),
-    }
 }
 
 fn client(common_name: &str, organizations: &[&str]) -> LeafSpec {
@@ -130,7 +112,8 @@ pub fn plan(
     dns.extend(spec.api_server.external.dns_names.iter().cloned());
     let mut ips = vec![
         IpAddr::V4(Ipv4Addr::LOCALHOST),
-        kubernetes_service_ip(&spec.network.service_cidr)?,
+        kubernetes_service_ip(&spec.network.service_cidr)
+            .ok_or_else(|| PlanError::ServiceCidr(spec.network.service_cidr.clone()))?,
     ];
     for address in &spec.api_server.external.addresses {
         ips.push(
@@ -265,24 +248,6 @@ mod tests {
                 Target::Kubeconfig { secret: s, .. } => s == secret,
             })
             .unwrap_or_else(|| panic!("no {secret} in plan"))
-    }
-
-    #[test]
-    fn service_ip_is_first_address() {
-        assert_eq!(
-            kubernetes_service_ip("10.96.0.0/12"),
-            Ok("10.96.0.1".parse().expect("ip"))
-        );
-        assert_eq!(
-            kubernetes_service_ip("10.96.5.7/16"),
-            Ok("10.96.0.1".parse().expect("ip"))
-        );
-        assert_eq!(
-            kubernetes_service_ip("fd00::/108"),
-            Ok("fd00::1".parse().expect("ip"))
-        );
-        assert!(kubernetes_service_ip("10.96.0.0").is_err());
-        assert!(kubernetes_service_ip("10.96.0.1/32").is_err());
     }
 
     #[test]

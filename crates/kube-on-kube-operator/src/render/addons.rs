@@ -8,8 +8,6 @@
 
 pub mod template;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Container};
 use kube::ResourceExt;
@@ -18,6 +16,7 @@ use kube_on_kube_api::cluster::Cluster;
 use serde_json::{Map, Value, json};
 
 use crate::names::{Component, Names};
+use crate::network::{dns_service_ip, kubernetes_service_ip};
 use crate::render::config_hash;
 use crate::render::control_plane::{self, KUBECONFIG_DIR};
 
@@ -437,24 +436,6 @@ fn unknown(name: &str, version: &str, registered: &[Template], broken: &[Broken]
     reason
 }
 
-/// The tenth address of the Service CIDR, where CoreDNS answers (kubelets'
-/// `clusterDNS`).
-pub fn dns_ip(service_cidr: &str) -> Option<IpAddr> {
-    let (addr, prefix) = service_cidr.split_once('/')?;
-    let prefix: u32 = prefix.parse().ok()?;
-    match addr.parse::<IpAddr>().ok()? {
-        IpAddr::V4(v4) if prefix <= 28 => {
-            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
-            Some(IpAddr::V4(Ipv4Addr::from((u32::from(v4) & mask) + 10)))
-        }
-        IpAddr::V6(v6) if prefix <= 124 => {
-            let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
-            Some(IpAddr::V6(Ipv6Addr::from((u128::from(v6) & mask) + 10)))
-        }
-        _ => None,
-    }
-}
-
 /// What the placeholders of one cluster's templates can refer to, besides
 /// `values.*`.
 pub struct Facts<'a> {
@@ -475,10 +456,10 @@ pub fn context(
     use base64::Engine;
     let network = &cluster.spec.network;
     let service_cidr = &network.service_cidr;
-    let dns = dns_ip(service_cidr)
+    let dns = dns_service_ip(service_cidr)
         .ok_or_else(|| format!("network.serviceCIDR {service_cidr:?} has no tenth address"))?;
-    let kubernetes =
-        crate::pki::certificates::kubernetes_service_ip(service_cidr).map_err(|e| e.to_string())?;
+    let kubernetes = kubernetes_service_ip(service_cidr)
+        .ok_or_else(|| format!("network.serviceCIDR {service_cidr:?} is not a CIDR"))?;
     let (host, port) = facts
         .endpoint
         .trim_start_matches("https://")
@@ -637,7 +618,7 @@ fn node_operator_args(cluster: &Cluster, values: &Map<String, Value>) -> Vec<Str
     ];
     // A Service CIDR without a tenth address fails the add-ons earlier
     // (`context`), so this Deployment is never applied without the flag.
-    if let Some(dns) = dns_ip(&network.service_cidr) {
+    if let Some(dns) = dns_service_ip(&network.service_cidr) {
         args.push(format!("--cluster-dns={dns}"));
     }
     args
@@ -900,24 +881,6 @@ mod tests {
         );
         let err = registered(&cm).expect_err("values not a map");
         assert!(err.reason.contains("not a map"), "{}", err.reason);
-    }
-
-    #[test]
-    fn dns_ip_is_the_tenth_address() {
-        assert_eq!(
-            dns_ip("10.96.0.0/12").map(|i| i.to_string()).as_deref(),
-            Some("10.96.0.10")
-        );
-        assert_eq!(
-            dns_ip("10.100.5.7/16").map(|i| i.to_string()).as_deref(),
-            Some("10.100.0.10")
-        );
-        assert_eq!(
-            dns_ip("fd00:10::/108").map(|i| i.to_string()).as_deref(),
-            Some("fd00:10::a")
-        );
-        assert_eq!(dns_ip("10.0.0.0/30"), None);
-        assert_eq!(dns_ip("nonsense"), None);
     }
 
     #[test]
