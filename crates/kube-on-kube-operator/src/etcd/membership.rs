@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::etcd::api::Member;
 use crate::names::Names;
 
+/// The flag values a member plan hands to its Pod, defined where the Pod is
+/// rendered.
+pub use crate::render::etcd::{ClusterState, Peer, initial_cluster_flag};
+
 /// A member's Pod as observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodState {
@@ -88,40 +92,6 @@ impl Slot {
         self.settling = settling;
         self
     }
-}
-
-/// A member name and its peer URL, as in etcd's `--initial-cluster`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Peer {
-    pub name: String,
-    pub peer_url: String,
-}
-
-/// `--initial-cluster-state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum ClusterState {
-    New,
-    Existing,
-}
-
-impl ClusterState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClusterState::New => "new",
-            ClusterState::Existing => "existing",
-        }
-    }
-}
-
-/// The value of etcd's `--initial-cluster` flag.
-pub fn initial_cluster_flag(peers: &[Peer]) -> String {
-    peers
-        .iter()
-        .map(|p| format!("{}={}", p.name, p.peer_url))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// The one next thing to do. Every variant but `Wait` and `Done` is a change,

@@ -15,10 +15,44 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_on_kube_api::cluster::Cluster;
+use serde::{Deserialize, Serialize};
 
 use super::{component_labels, owner};
-use crate::etcd::membership::{ClusterState, Peer, initial_cluster_flag};
 use crate::names::{Component, Names};
+
+/// A member name and its peer URL, as in etcd's `--initial-cluster`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Peer {
+    pub name: String,
+    pub peer_url: String,
+}
+
+/// `--initial-cluster-state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+impl ClusterState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClusterState::New => "new",
+            ClusterState::Existing => "existing",
+        }
+    }
+}
+
+/// The value of etcd's `--initial-cluster` flag.
+pub fn initial_cluster_flag(peers: &[Peer]) -> String {
+    peers
+        .iter()
+        .map(|p| format!("{}={}", p.name, p.peer_url))
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
 /// Label naming the etcd member a Pod or Service belongs to.
 pub const MEMBER_LABEL: &str = "kubeonkube.io/etcd-member";
