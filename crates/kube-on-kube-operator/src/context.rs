@@ -20,8 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::Error;
-use crate::addons;
-use crate::addons::wait::AddonWaits;
+use crate::addon_retry::{self, AddonWaits};
 use crate::applied::{Applied, Version, desired_hash};
 use crate::config::{ADDON_RETRY_MAX, Config};
 use crate::names::Names;
@@ -46,13 +45,13 @@ pub struct Context {
     /// Clusters whose add-on step failed: it is retried with backoff, not on
     /// every reconcile (an unreachable business API would otherwise be dialled
     /// each time anything of the Cluster changes).
-    pub addon_backoff: Backoff<addons::Report>,
+    pub addon_backoff: Backoff<addon_retry::Report>,
     /// How soon converging Clusters are looked at again (see [`Poll`]).
     pub polls: Poll,
     /// What the last applies returned, to skip unchanged ones.
     pub applied: Applied,
     /// Clusters that wait only for their add-on step's next attempt, which
-    /// then needs no full pass (see [`crate::addons::wait`]).
+    /// then needs no full pass (see [`crate::addon_retry`]).
     pub addon_waits: AddonWaits,
 }
 

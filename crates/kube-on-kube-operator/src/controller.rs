@@ -22,7 +22,7 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{AuthorityFingerprints, ExposureType};
 use time::OffsetDateTime;
 
-use crate::addons::wait::Wait;
+use crate::addon_retry::{self, Wait};
 use crate::applied::resource_version;
 use crate::context::{Context, MANAGER, Pass, apply_if_changed, apply_over, list, publish};
 use crate::names::{Component, Names};
@@ -774,8 +774,8 @@ fn addon_failed(
     ctx: &Context,
     names: &Names,
     generation: Option<i64>,
-    report: &addons::Report,
-) -> (addons::Report, Duration) {
+    report: &addon_retry::Report,
+) -> (addon_retry::Report, Duration) {
     tracing::debug!(cluster = %names.cluster, reason = report.reason, message = %report.message, "add-on step failed");
     // The time of the next attempt, not the time left: the message must not
     // change while waiting, or each status write would wake the Cluster again.
@@ -784,7 +784,7 @@ fn addon_failed(
             let at = Timestamp::now()
                 .checked_add(wait)
                 .unwrap_or(Timestamp::now());
-            addons::Report {
+            addon_retry::Report {
                 message: format!(
                     "{} (attempt {n} failed; next at {})",
                     report.message,
@@ -800,11 +800,11 @@ enum Retried {
     /// It failed again and the status says so: nothing more this time.
     Done(Action),
     /// A full pass follows, with the step's outcome when it no longer failed.
-    Full(Option<addons::Report>),
+    Full(Option<addon_retry::Report>),
 }
 
 /// Retry the add-on step of a Cluster whose control plane is settled and
-/// waits only for it (see [`crate::addons::wait`]): the step itself and the
+/// waits only for it (see [`crate::addon_retry`]): the step itself and the
 /// AddonsReady condition, nothing a full pass reads.
 async fn retry_addons(
     ctx: &Context,

@@ -2,6 +2,7 @@
 //! converges each one's control plane (PKI, etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler, add-ons) to its spec.
 
+pub mod addon_retry;
 pub mod addons;
 pub mod applied;
 pub mod bounded;

@@ -33,7 +33,7 @@ pub struct Observed<'a> {
     /// [`crate::pki::authorities`]). The control plane runs on meanwhile.
     pub certificates_held: Option<(&'static str, String)>,
     /// Add-ons: None while not attempted yet, else how applying them went.
-    pub addons: Option<crate::addons::Report>,
+    pub addons: Option<crate::addon_retry::Report>,
     pub version: &'a str,
     pub etcd_version: &'a str,
     /// The control-plane upgrade plan of this reconcile (None while paused):
@@ -87,12 +87,12 @@ fn deployment(d: Option<&Deployment>, desired: i32, version: &str) -> ComponentS
 }
 
 /// The Cluster's status with only the add-on step's outcome replaced, for a
-/// retry of that step alone (see [`crate::addons::wait`]). Only for an outcome
+/// retry of that step alone (see [`crate::addon_retry`]). Only for an outcome
 /// that is not ready: the Cluster's last status then stays right in all
 /// else, Ready false for the add-ons and the phase. None without a status.
 pub fn with_addons(
     cluster: &Cluster,
-    report: &crate::addons::Report,
+    report: &crate::addon_retry::Report,
     now: Timestamp,
 ) -> Option<ClusterStatus> {
     if report.ready {
@@ -439,7 +439,7 @@ mod tests {
                 certificates_expire_at: None,
                 certificates_error: None,
                 certificates_held: None,
-                addons: Some(crate::addons::Report {
+                addons: Some(crate::addon_retry::Report {
                     ready: true,
                     reason: "Applied",
                     message: "applied: bootstrap@0.1.0".into(),

@@ -143,7 +143,7 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
 }
 
 /// Passes on the events of a Cluster's objects, ending the Cluster's wait
-/// for an add-on retry with each (see [`crate::addons::wait`]).
+/// for an add-on retry with each (see [`crate::addon_retry`]).
 fn ends_addon_waits<K, S>(ctx: Arc<Context>, events: S) -> impl futures::Stream<Item = S::Item>
 where
     K: Resource,

@@ -9,8 +9,6 @@
 //! object a new version dropped can be removed, and an add-on that cannot be
 //! rendered keeps what it applied before.
 
-pub mod wait;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
@@ -26,6 +24,7 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::shared::{CLUSTER_LABEL, COMPONENT_LABEL};
 use serde::{Deserialize, Serialize};
 
+use crate::addon_retry::Report;
 use crate::context::{Context, MANAGER};
 use crate::names::{Component, Names};
 use crate::pki::secrets;
@@ -160,30 +159,6 @@ pub struct Record {
 
 /// Every add-on's record, by name.
 pub type Inventory = BTreeMap<String, Record>;
-
-/// The outcome for the AddonsReady condition.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Report {
-    pub ready: bool,
-    pub reason: &'static str,
-    pub message: String,
-}
-
-impl Report {
-    /// Whether the step went wrong (as opposed to done, or waiting for the
-    /// node-operator to come up): such a step is retried with backoff.
-    pub fn failed(&self) -> bool {
-        !self.ready && self.reason != "NodeOperatorNotReady"
-    }
-
-    fn failure(reason: &'static str, message: String) -> Self {
-        Report {
-            ready: false,
-            reason,
-            message,
-        }
-    }
-}
 
 /// Name of the inventory ConfigMap of a Cluster.
 pub fn inventory_name(names: &Names) -> String {

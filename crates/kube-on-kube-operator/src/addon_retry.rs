@@ -1,8 +1,11 @@
-//! Clusters whose control plane is settled and whose only pending work is
-//! the next attempt of a failed add-on step (a business API that does not
-//! answer, say).
+//! What is kept from one pass to the next about the add-on step: the
+//! outcome it last reported ([`Report`], the AddonsReady condition's content,
+//! which the context's backoff holds while the step waits to be retried),
+//! and the Clusters waiting for nothing but that retry ([`AddonWaits`]).
 //!
-//! That attempt needs none of what a full pass reads (the Cluster's Secrets,
+//! A Cluster waits so when its control plane is settled and its only
+//! pending work is the next attempt of a failed add-on step (a business API
+//! that does not answer, say). That attempt needs none of what a full pass reads (the Cluster's Secrets,
 //! Services, Deployments and Pods, and etcd's health) as long as none of it
 //! changed since the pass that found the control plane settled. Every such
 //! change arrives as a watch event, and each event ends the wait
@@ -17,6 +20,30 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Secret;
+
+/// The outcome for the AddonsReady condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Report {
+    /// Whether the step went wrong (as opposed to done, or waiting for the
+    /// node-operator to come up): such a step is retried with backoff.
+    pub fn failed(&self) -> bool {
+        !self.ready && self.reason != "NodeOperatorNotReady"
+    }
+
+    pub(crate) fn failure(reason: &'static str, message: String) -> Self {
+        Report {
+            ready: false,
+            reason,
+            message,
+        }
+    }
+}
 
 /// What a retry of the add-on step takes from the full pass that recorded it.
 #[derive(Debug, Clone)]
