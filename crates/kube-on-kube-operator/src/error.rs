@@ -1,4 +1,7 @@
-//! Errors of the kube-on-kube-operator.
+//! Errors of the kube-on-kube-operator, and the payloads they carry. A
+//! leaf: every step returns these, so this module imports no step.
+
+use std::fmt;
 
 /// Everything a Cluster reconcile can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +21,7 @@ pub enum Error {
     Limit(#[from] crate::bounded::Exceeded),
     /// An object the Cluster needs has a name another owner's object holds.
     #[error("{0}")]
-    NameConflict(crate::ownership::Conflict),
+    NameConflict(Conflict),
     /// The API server refused an object the Cluster needs (invalid, denied
     /// by admission, over a quota): the user must see its message.
     #[error("the API server refused {kind} {name}: {message}")]
@@ -75,5 +78,26 @@ impl Error {
     pub fn kube(call: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let call = call.into();
         move |source| Error::Kube { call, source }
+    }
+}
+
+/// An object the operator would write for one owner that another controls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// Kind of the object, for example `Secret`.
+    pub kind: String,
+    /// Its name (in the Cluster's namespace).
+    pub name: String,
+    /// Who controls it: `Cluster x-etcd`, or that nothing does.
+    pub owner: String,
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} already exists and belongs to {}: it is left unchanged; rename this Cluster or remove that object",
+            self.kind, self.name, self.owner
+        )
     }
 }

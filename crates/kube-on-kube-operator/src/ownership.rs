@@ -4,35 +4,13 @@
 //! derived names collide, a tenant's own object, or nothing at all) is left
 //! as it is and reported instead of being applied over, replaced or deleted.
 
-use std::fmt;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Preconditions};
 use serde::de::DeserializeOwned;
 
 use crate::Error;
-
-/// An object the operator would write for one owner that another controls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Conflict {
-    /// Kind of the object, for example `Secret`.
-    pub kind: String,
-    /// Its name (in the Cluster's namespace).
-    pub name: String,
-    /// Who controls it: `Cluster x-etcd`, or that nothing does.
-    pub owner: String,
-}
-
-impl fmt::Display for Conflict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {} already exists and belongs to {}: it is left unchanged; rename this Cluster or remove that object",
-            self.kind, self.name, self.owner
-        )
-    }
-}
+use crate::error::Conflict;
 
 /// The controller owner reference of an object, if it has one.
 pub fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {

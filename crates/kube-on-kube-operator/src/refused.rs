@@ -139,7 +139,7 @@ pub async fn report(ctx: &Context, cluster: &Cluster, refusal: &Refusal) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ownership::Conflict;
+    use crate::error::Conflict;
 
     fn cluster() -> Cluster {
         let mut c: Cluster =
