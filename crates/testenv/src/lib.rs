@@ -10,6 +10,7 @@ pub mod bins;
 pub mod hosts;
 pub mod kube_env;
 pub mod load_balancer;
+pub mod modules;
 pub mod node_software;
 pub mod operator_http;
 pub mod pods;
