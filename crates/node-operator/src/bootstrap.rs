@@ -240,7 +240,9 @@ pub async fn ensure_token(client: &Client, machine: &str) -> Result<Token, Error
     let list = secrets
         .list(&ListParams::default().labels(&format!("{MACHINE_LABEL}={machine}")))
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!(
+            "list Secrets in {NAMESPACE} for Machine {machine}"
+        )))?;
     let now = Timestamp::now();
     let mut found = None;
     for secret in &list.items {
@@ -260,7 +262,10 @@ pub async fn ensure_token(client: &Client, machine: &str) -> Result<Token, Error
     secrets
         .create(&PostParams::default(), &token_secret(machine, &token))
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!(
+            "create Secret {NAMESPACE}/bootstrap-token-{}",
+            token.id
+        )))?;
     Ok(token)
 }
 
@@ -270,7 +275,9 @@ pub async fn delete_tokens(client: &Client, machine: &str) -> Result<(), Error> 
     let list = secrets
         .list(&ListParams::default().labels(&format!("{MACHINE_LABEL}={machine}")))
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!(
+            "list Secrets in {NAMESPACE} for Machine {machine}"
+        )))?;
     for secret in &list.items {
         if let Some(name) = &secret.metadata.name {
             delete_ignoring_missing(&secrets, name).await?;
@@ -283,14 +290,18 @@ async fn delete_ignoring_missing(secrets: &Api<Secret>, name: &str) -> Result<()
     match secrets.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::kube(format!("delete Secret {NAMESPACE}/{name}"))(e)),
     }
 }
 
 /// Reads `kube-public/cluster-info`.
 pub async fn cluster_info(client: &Client) -> Result<ClusterInfo, Error> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-public");
-    match cms.get_opt("cluster-info").await.map_err(Error::Kube)? {
+    match cms
+        .get_opt("cluster-info")
+        .await
+        .map_err(Error::kube("get ConfigMap kube-public/cluster-info"))?
+    {
         Some(cm) => parse_cluster_info(&cm),
         None => Err(Error::ClusterInfo(
             "ConfigMap kube-public/cluster-info does not exist (the kube-on-kube-operator's bootstrap add-on writes it)".into(),

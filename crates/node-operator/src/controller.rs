@@ -161,7 +161,7 @@ impl Context {
         Api::<ClusterPackageVersion>::all(self.client.clone())
             .get_opt(name)
             .await
-            .map_err(Error::Kube)
+            .map_err(Error::kube(format!("get ClusterPackageVersion {name}")))
     }
 
     /// The PackageVersion `name`: from the watched copy when it has it, else
@@ -177,7 +177,7 @@ impl Context {
         Api::<PackageVersion>::all(self.client.clone())
             .get_opt(name)
             .await
-            .map_err(Error::Kube)
+            .map_err(Error::kube(format!("get PackageVersion {name}")))
     }
 
     /// Time since the Machine's host was last checked, if it was.
@@ -229,7 +229,7 @@ impl Context {
         let Some(current) = Api::<Machine>::all(self.client.clone())
             .get_opt(&name)
             .await
-            .map_err(Error::Kube)?
+            .map_err(Error::kube(format!("get Machine {name}")))?
         else {
             return Ok(None);
         };

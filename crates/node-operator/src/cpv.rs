@@ -255,14 +255,17 @@ pub async fn reconcile(
     let Some(cpv) = Api::<ClusterPackageVersion>::all(client.clone())
         .get_opt(&cpv.name_any())
         .await
-        .map_err(Error::Kube)?
+        .map_err(Error::kube(format!(
+            "get ClusterPackageVersion {}",
+            cpv.name_any()
+        )))?
     else {
         return Ok(Action::await_change());
     };
     let pvs: BTreeMap<String, PackageVersion> = Api::<PackageVersion>::all(client.clone())
         .list(&ListParams::default())
         .await
-        .map_err(Error::Kube)?
+        .map_err(Error::kube("list PackageVersions"))?
         .items
         .into_iter()
         .map(|pv| (pv.name_any(), pv))
@@ -271,7 +274,9 @@ pub async fn reconcile(
         return Ok(Action::await_change());
     }
     let machines = ctx.machines.state();
-    let nodes = rollout::list_nodes(client).await.map_err(Error::Kube)?;
+    let nodes = rollout::list_nodes(client)
+        .await
+        .map_err(Error::kube("list Nodes"))?;
 
     let problems = invalid_defaults(&cpv, &pvs);
     let summary = summarize(&cpv, machines.iter().map(AsRef::as_ref), &nodes);

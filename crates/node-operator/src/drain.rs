@@ -70,7 +70,7 @@ pub async fn cordon(client: &Client, node: &Node, reason: &str) -> Result<(), Er
     Api::<Node>::all(client.clone())
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!("cordon Node {name}")))?;
     Ok(())
 }
 
@@ -87,7 +87,7 @@ pub async fn uncordon(client: &Client, node: &Node) -> Result<bool, Error> {
     Api::<Node>::all(client.clone())
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!("uncordon Node {name}")))?;
     Ok(true)
 }
 
@@ -101,7 +101,7 @@ pub async fn drain(client: &Client, node: &str, timeout: Duration) -> Result<usi
         let pods = all
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await
-            .map_err(Error::Kube)?
+            .map_err(Error::kube(format!("list Pods on Node {node}")))?
             .items;
         let left = to_evict(&pods);
         if left.is_empty() {
@@ -136,7 +136,7 @@ pub async fn drain(client: &Client, node: &str, timeout: Duration) -> Result<usi
                 Ok(_) => evicted += 1,
                 // Gone already, or a disruption budget says not now.
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 429 => {}
-                Err(e) => return Err(Error::Kube(e)),
+                Err(e) => return Err(Error::kube(format!("evict Pod {ns}/{name}"))(e)),
             }
         }
         tokio::time::sleep(POLL).await;

@@ -3,9 +3,13 @@
 /// Everything a node-operator reconcile can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A call to the business cluster's API server failed.
-    #[error("business-cluster API call failed: {0}")]
-    Kube(#[source] kube::Error),
+    /// A call to the business cluster's API server failed; `call` says which.
+    #[error("business-cluster API call failed ({call}): {source}")]
+    Kube {
+        call: String,
+        #[source]
+        source: kube::Error,
+    },
     /// Shared plumbing (apply, status) failed.
     #[error(transparent)]
     Common(#[from] kok_common::Error),
@@ -119,12 +123,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// A failed call, described by `call` (`get Node x`), as a `map_err`
+    /// function.
+    pub fn kube(call: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let call = call.into();
+        move |source| Error::Kube { call, source }
+    }
+
     /// Whether the business API server refused a write of the Machine's
     /// objects (see [`kok_common::apply::refused`]): its message goes into the
     /// Machine's status with the reason `ObjectRejected`.
     pub fn rejected(&self) -> bool {
         match self {
-            Error::Kube(e) | Error::Common(kok_common::Error::Api { source: e, .. }) => {
+            Error::Kube { source: e, .. }
+            | Error::Common(kok_common::Error::Api { source: e, .. }) => {
                 kok_common::apply::refused(e)
             }
             _ => false,
@@ -152,7 +164,7 @@ impl Error {
     /// Short static category, used as a metric label and event reason.
     pub fn category(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "kube",
+            Error::Kube { .. } => "kube",
             Error::Common(e) => e.category(),
             Error::HostKeyMismatch { .. } => "host_key_mismatch",
             Error::Unreachable { .. } => "unreachable",
@@ -194,9 +206,15 @@ mod tests {
 
     #[test]
     fn a_refused_write_is_rejected_and_says_why() {
-        let refused = Error::Kube(api_error(403));
+        let refused = Error::kube("create Secret kube-system/bootstrap-token-abc")(api_error(403));
         assert!(refused.rejected());
         assert!(refused.to_string().contains("exceeded quota"), "{refused}");
+        assert!(
+            refused
+                .to_string()
+                .contains("create Secret kube-system/bootstrap-token-abc"),
+            "{refused}"
+        );
         assert!(
             Error::Common(kok_common::Error::Api {
                 call: "applying Machine m".into(),
@@ -204,7 +222,7 @@ mod tests {
             })
             .rejected()
         );
-        assert!(!Error::Kube(api_error(409)).rejected());
-        assert!(!Error::Kube(api_error(503)).rejected());
+        assert!(!Error::kube("patch Machine m")(api_error(409)).rejected());
+        assert!(!Error::kube("patch Machine m")(api_error(503)).rejected());
     }
 }

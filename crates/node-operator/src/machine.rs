@@ -56,7 +56,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Context>) -> Result<Actio
         let machines = Api::<Machine>::all(ctx.client.clone());
         let patched = finalizer::add(&machines, &machine, FINALIZER)
             .await
-            .map_err(Error::Kube)?;
+            .map_err(Error::kube(format!("add finalizer to Machine {name}")))?;
         ctx.wrote(&patched);
     }
     let generation = machine.metadata.generation;
@@ -206,7 +206,12 @@ pub async fn ssh_target(
         Ok(Some(secret)) => secret,
         Ok(None) => return Err(unusable()),
         Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => return Err(unusable()),
-        Err(e) => return Err(Error::Kube(e)),
+        Err(e) => {
+            return Err(Error::kube(format!(
+                "get Secret {}/{}",
+                r.namespace, r.name
+            ))(e));
+        }
     };
     let pem = secret
         .data
@@ -231,7 +236,7 @@ async fn get_node(client: &Client, name: &str) -> Result<Option<Node>, Error> {
     Api::<Node>::all(client.clone())
         .get_opt(name)
         .await
-        .map_err(Error::Kube)
+        .map_err(Error::kube(format!("get Node {name}")))
 }
 
 async fn converge(
@@ -320,10 +325,10 @@ async fn converge(
     let _permit = if up && !changing.is_empty() {
         let machines = rollout::list_machines(&ctx.client)
             .await
-            .map_err(Error::Kube)?;
+            .map_err(Error::kube("list Machines"))?;
         let nodes = rollout::list_nodes(&ctx.client)
             .await
-            .map_err(Error::Kube)?;
+            .map_err(Error::kube("list Nodes"))?;
         let unavailable = rollout::unavailable(&machines, &nodes);
         let budget = rollout::budget(cpv.as_ref(), machines.len());
         match ctx.gate.try_admit(&name, &unavailable, budget) {
@@ -754,7 +759,10 @@ async fn finish_node(
                 &Patch::Merge(&patch),
             )
             .await
-            .map_err(Error::Kube)?;
+            .map_err(Error::kube(format!(
+                "patch Node {} labels and taints",
+                node.name_any()
+            )))?;
         ctx.event(
             machine,
             EventType::Normal,

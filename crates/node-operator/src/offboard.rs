@@ -84,7 +84,11 @@ pub async fn offboard(machine: &Machine, ctx: &Context) -> Result<Action, Error>
     }
     let node_name = plan::node_name(machine);
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    if let Some(node) = nodes.get_opt(&node_name).await.map_err(Error::Kube)? {
+    if let Some(node) = nodes
+        .get_opt(&node_name)
+        .await
+        .map_err(Error::kube(format!("get Node {node_name}")))?
+    {
         drain::cordon(&ctx.client, &node, "offboarding").await?;
         let evicted = drain::drain(&ctx.client, &node_name, ctx.settings.drain_timeout).await?;
         ctx.event(
@@ -144,12 +148,12 @@ pub async fn offboard(machine: &Machine, ctx: &Context) -> Result<Action, Error>
             .await;
         }
         Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(Error::Kube(e)),
+        Err(e) => return Err(Error::kube(format!("delete Node {node_name}"))(e)),
     }
     bootstrap::delete_tokens(&ctx.client, &name).await?;
     finalizer::remove(&Api::<Machine>::all(ctx.client.clone()), machine, FINALIZER)
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!("remove finalizer from Machine {name}")))?;
     ctx.forget(&name);
     Ok(Action::await_change())
 }
@@ -176,7 +180,11 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
         names.extend(wanted.into_iter().map(|w| w.package_version));
     }
     for pv_name in names {
-        if let Some(pv) = pvs.get_opt(&pv_name).await.map_err(Error::Kube)? {
+        if let Some(pv) = pvs
+            .get_opt(&pv_name)
+            .await
+            .map_err(Error::kube(format!("get PackageVersion {pv_name}")))?
+        {
             specs.insert(pv_name, pv);
         }
     }

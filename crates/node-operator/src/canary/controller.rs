@@ -35,11 +35,17 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
     let releases = Api::<CanaryRelease>::all(client.clone());
     // The controller's cache can lag behind the status the last reconcile
     // wrote; planning on that older status would redo steps already taken.
-    let Some(release) = releases.get_opt(&name).await.map_err(Error::Kube)? else {
+    let Some(release) = releases
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("get CanaryRelease {name}")))?
+    else {
         return Ok(Action::await_change());
     };
     let machines_api = Api::<Machine>::all(client.clone());
-    let machines = rollout::list_machines(client).await.map_err(Error::Kube)?;
+    let machines = rollout::list_machines(client)
+        .await
+        .map_err(Error::kube("list Machines"))?;
     let has_finalizer = finalizer::has(&release, FINALIZER);
 
     if release.metadata.deletion_timestamp.is_some() {
@@ -66,19 +72,25 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
             .await;
             finalizer::remove(&releases, &release, FINALIZER)
                 .await
-                .map_err(Error::Kube)?;
+                .map_err(Error::kube(format!(
+                    "remove finalizer from CanaryRelease {name}"
+                )))?;
         }
         return Ok(Action::await_change());
     }
 
-    let nodes = rollout::list_nodes(client).await.map_err(Error::Kube)?;
+    let nodes = rollout::list_nodes(client)
+        .await
+        .map_err(Error::kube("list Nodes"))?;
     let mut plan = plan(&release, &machines, &nodes, Timestamp::now());
 
     let claims = plan.marks.values().any(|c| matches!(c, MarkChange::Set(_)));
     if claims && !has_finalizer {
         finalizer::add(&releases, &release, FINALIZER)
             .await
-            .map_err(Error::Kube)?;
+            .map_err(Error::kube(format!(
+                "add finalizer to CanaryRelease {name}"
+            )))?;
     }
     if let Some(packages) = &plan.promote {
         promote(client, packages).await?;
@@ -87,10 +99,14 @@ pub async fn reconcile(release: Arc<CanaryRelease>, ctx: Arc<Context>) -> Result
     for (machine, change) in &plan.marks {
         match apply_marks(&machines_api, &name, machine, change).await {
             Ok(()) => {}
-            Err(Error::Kube(kube::Error::Api(s))) if s.is_conflict() => {
-                conflicts.push(machine.clone())
-            }
-            Err(Error::Kube(kube::Error::Api(s))) if s.is_not_found() => {}
+            Err(Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.is_conflict() => conflicts.push(machine.clone()),
+            Err(Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
@@ -135,7 +151,9 @@ pub(super) async fn apply_marks(
     let params = PatchParams::apply(&claim_manager(release));
     api.patch(machine, &params, &Patch::Apply(&patch))
         .await
-        .map_err(Error::Kube)?;
+        .map_err(Error::kube(format!(
+            "apply canary marks of CanaryRelease {release} to Machine {machine}"
+        )))?;
     Ok(())
 }
 
@@ -149,7 +167,10 @@ pub(super) async fn promote(
     let mut packages = api
         .get_opt(crate::cpv::NAME)
         .await
-        .map_err(Error::Kube)?
+        .map_err(Error::kube(format!(
+            "get ClusterPackageVersion {}",
+            crate::cpv::NAME
+        )))?
         .map(|c| c.spec.packages)
         .unwrap_or_default();
     packages.extend(targets.clone());
@@ -165,7 +186,10 @@ pub(super) async fn promote(
         &Patch::Apply(&patch),
     )
     .await
-    .map_err(Error::Kube)?;
+    .map_err(Error::kube(format!(
+        "apply ClusterPackageVersion {}",
+        crate::cpv::NAME
+    )))?;
     Ok(())
 }
 
