@@ -264,7 +264,7 @@ impl<'a> Host<'a> {
                 host: self.session.host().to_string(),
                 step,
                 status: output.status,
-                tail: redact::tail(&output),
+                tail: output.redacted_tail(),
             });
         }
         Ok(output)
@@ -298,13 +298,13 @@ impl<'a> Host<'a> {
     /// Runs a remediation command; returns the redacted tail of its output.
     pub async fn command(&self, command: &str) -> Result<String, Error> {
         let output = self.checked("remediation", &format!("{command}\n")).await?;
-        Ok(redact::tail(&output))
+        Ok(output.redacted_tail())
     }
 
     /// Removes every package.
     pub async fn offboard(&self, packages: &[Removal]) -> Result<String, Error> {
         let output = self.checked("offboard", &offboard_script(packages)).await?;
-        Ok(redact::tail(&output))
+        Ok(output.redacted_tail())
     }
 }
 

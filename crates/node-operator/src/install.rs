@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 
 use kube_on_kube_api::package::{Arch, ArtifactFormat, HealthCheck, PackageVersionSpec};
 
+use crate::Error;
 use crate::ssh::{Output, Session};
-use crate::{Error, redact};
 
 /// Every package lives below this directory on the host.
 pub const PACKAGES_ROOT: &str = "/opt/kube-on-kube/packages";
@@ -570,7 +570,7 @@ impl<'a> Installer<'a> {
         let summary = StepOutput {
             step,
             changed: changed(&output),
-            tail: redact::tail(&output),
+            tail: output.redacted_tail(),
         };
         Ok((output, summary))
     }
@@ -593,7 +593,7 @@ impl<'a> Installer<'a> {
             host: self.session.host().to_string(),
             step,
             status: output.status,
-            tail: redact::tail(output),
+            tail: output.redacted_tail(),
         }
     }
 
@@ -716,7 +716,7 @@ impl<'a> Installer<'a> {
                 package: package.to_string(),
                 version: version.to_string(),
                 timeout_seconds: check.timeout_seconds,
-                detail: redact::tail(&output),
+                detail: output.redacted_tail(),
             });
         }
         if !output.success() {
@@ -762,7 +762,7 @@ impl<'a> Installer<'a> {
             },
             EXIT_DOWNLOAD => Error::Download {
                 url: url.0,
-                detail: redact::tail(output),
+                detail: output.redacted_tail(),
             },
             _ => self.failed("fetch", output),
         }

@@ -74,6 +74,12 @@ impl Output {
     pub fn success(&self) -> bool {
         self.status == 0
     }
+
+    /// The last lines of what the script printed, stdout then stderr,
+    /// redacted (see [`crate::redact::tail`]).
+    pub fn redacted_tail(&self) -> String {
+        crate::redact::tail(&self.stdout, &self.stderr)
+    }
 }
 
 /// How long connecting and running may take.
