@@ -1,302 +1,24 @@
 //! The node-operator's controllers (Machine, ClusterPackageVersion,
-//! CanaryRelease), their shared context and error policy.
+//! CanaryRelease, serving certificates) wired together: the shared Machine
+//! watch, what wakes a Machine, and the Machine error policy. What their
+//! reconciles share is in [`crate::context`].
 
-use std::collections::HashMap;
-use std::fmt::Debug;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures::{FutureExt as _, Stream, StreamExt as _};
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::Node;
-use kok_common::backoff::Backoff;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, predicates, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use kube_on_kube_api::{ClusterPackageVersion, Machine, PackageVersion};
-use tokio::sync::Semaphore;
 
 use crate::Error;
 use crate::bootstrap::MACHINE_LABEL;
+use crate::context::{Caches, Context, Settings};
 use crate::repair::Remediations;
-use crate::rollout;
-use crate::sessions::Pool;
-use crate::ssh::Timeouts;
-
-/// Field manager of everything this operator applies.
-pub const MANAGER: &str = "node-operator";
-
-/// Operator settings, from flags.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Hosts worked on over SSH at the same time.
-    pub ssh_concurrency: usize,
-    /// SSH connect and per-script timeouts.
-    pub ssh_timeouts: Timeouts,
-    /// How often a Ready Machine's host is re-checked (services active,
-    /// versions as declared).
-    pub recheck: Duration,
-    /// How long to wait for a Node to turn Ready after installing before the
-    /// host is looked at again.
-    pub node_wait: Duration,
-    /// Longest a drain may take.
-    pub drain_timeout: Duration,
-    /// How long a deleted Machine's host may stay unreachable before the
-    /// Machine is released without cleaning it.
-    pub offboard_timeout: Duration,
-    /// `clusterDNS` of kubelet configs.
-    pub cluster_dns: String,
-    /// `clusterDomain` of kubelet configs.
-    pub cluster_domain: String,
-    /// Largest artifact downloaded and largest size it unpacks to.
-    pub limits: crate::install::Limits,
-    /// Namespaces a Machine's `privateKeySecretRef` may name.
-    pub ssh_key_namespaces: Vec<String>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            ssh_concurrency: 16,
-            ssh_timeouts: Timeouts::default(),
-            recheck: Duration::from_secs(300),
-            node_wait: Duration::from_secs(120),
-            drain_timeout: Duration::from_secs(300),
-            offboard_timeout: Duration::from_secs(600),
-            cluster_dns: "10.96.0.10".into(),
-            cluster_domain: "cluster.local".into(),
-            limits: crate::install::Limits::default(),
-            ssh_key_namespaces: vec![crate::machine::DEFAULT_SSH_KEY_NAMESPACE.into()],
-        }
-    }
-}
-
-/// What every reconcile shares.
-pub struct Context {
-    /// Client of the business cluster.
-    pub client: Client,
-    /// Publishes Events on Machines.
-    pub recorder: Recorder,
-    /// Admission of Machines into disruption within the rollout budget.
-    pub gate: rollout::Gate,
-    /// Flags.
-    pub settings: Settings,
-    /// Bounds the hosts worked on at once.
-    pub ssh_slots: Semaphore,
-    /// SSH sessions reused between reconciles.
-    pub sessions: Pool,
-    /// Node-condition remediations, their cool-down and cap.
-    pub remediations: Remediations,
-    /// When each Machine's host was last checked by this process.
-    checked: Mutex<HashMap<String, Instant>>,
-    /// Per Machine, its failures in a row at its generation (the count is
-    /// the last attempt's outcome) and when its next attempt is due.
-    backoff: Backoff<u32>,
-    /// Per Machine, the inputs of the last attempt (`.0`) and of the last
-    /// failure that only a change can fix (`.1`).
-    attempts: Mutex<HashMap<String, (u64, Option<u64>)>>,
-    /// Per Machine, its resourceVersion as this process last wrote or read it
-    /// from the API server (not the informer).
-    versions: Mutex<HashMap<String, String>>,
-    /// Watched copies of the cluster defaults and PackageVersions, once the
-    /// controllers run (without them, reads go to the API server).
-    caches: OnceLock<Caches>,
-}
-
-/// Watched copies of what every Machine reconcile reads: at thousands of
-/// Machines, a read of each from the API server per reconcile is most of the
-/// requests a pass makes.
-pub struct Caches {
-    /// ClusterPackageVersions (the cluster default is `default`).
-    pub defaults: Store<ClusterPackageVersion>,
-    /// PackageVersions by name.
-    pub package_versions: Store<PackageVersion>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Context {
-    /// A context for `client`.
-    pub fn new(client: Client, settings: Settings, remediations: Remediations) -> Self {
-        let reporter = Reporter {
-            controller: MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        Self {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            gate: rollout::Gate::default(),
-            ssh_slots: Semaphore::new(settings.ssh_concurrency.max(1)),
-            settings,
-            sessions: Pool::default(),
-            remediations,
-            checked: Mutex::default(),
-            backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
-            attempts: Mutex::default(),
-            versions: Mutex::default(),
-            caches: OnceLock::new(),
-        }
-    }
-
-    /// The cluster default `name`: from the watched copy once it has been
-    /// listed, else from the API server.
-    pub async fn cluster_default(
-        &self,
-        name: &str,
-    ) -> Result<Option<ClusterPackageVersion>, Error> {
-        // Not awaited: the store's ready signal wakes only one of several
-        // waiters, and a reconcile left waiting would hold its Machine.
-        if let Some(c) = self.caches.get()
-            && c.defaults
-                .wait_until_ready()
-                .now_or_never()
-                .is_some_and(|r| r.is_ok())
-        {
-            return Ok(c.defaults.get(&ObjectRef::new(name)).map(|d| (*d).clone()));
-        }
-        Api::<ClusterPackageVersion>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(Error::kube(format!("get ClusterPackageVersion {name}")))
-    }
-
-    /// The PackageVersion `name`: from the watched copy when it has it, else
-    /// (not listed yet, or created a moment ago) from the API server.
-    pub async fn package_version(&self, name: &str) -> Result<Option<PackageVersion>, Error> {
-        if let Some(pv) = self
-            .caches
-            .get()
-            .and_then(|c| c.package_versions.get(&ObjectRef::new(name)))
-        {
-            return Ok(Some((*pv).clone()));
-        }
-        Api::<PackageVersion>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(Error::kube(format!("get PackageVersion {name}")))
-    }
-
-    /// Time since the Machine's host was last checked, if it was.
-    pub fn since_check(&self, machine: &str) -> Option<Duration> {
-        lock(&self.checked).get(machine).map(Instant::elapsed)
-    }
-
-    /// Records that the Machine's host was just checked.
-    pub fn mark_checked(&self, machine: &str) {
-        lock(&self.checked).insert(machine.to_string(), Instant::now());
-    }
-
-    /// Records that the Machine's host counts as checked `ago`, unless this
-    /// process has checked it already.
-    pub fn assume_checked(&self, machine: &str, ago: Duration) {
-        let at = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
-        lock(&self.checked).entry(machine.to_string()).or_insert(at);
-    }
-
-    /// Forgets a Machine (deleted).
-    pub fn forget(&self, machine: &str) {
-        lock(&self.checked).remove(machine);
-        self.backoff.succeeded(machine);
-        lock(&self.attempts).remove(machine);
-        lock(&self.versions).remove(machine);
-    }
-
-    /// Records the Machine as the API server returned it after a write.
-    pub fn wrote(&self, machine: &Machine) {
-        if let Some(rv) = machine.resource_version() {
-            lock(&self.versions).insert(machine.name_any(), rv);
-        }
-    }
-
-    /// `machine` as reconciles must see it. The informer's copy lags behind
-    /// this process's own writes: a reconcile queued by one status write may
-    /// start before the watch delivers the next, and would then decide (and
-    /// write status back) from a phase and installed versions that are no
-    /// longer true. When the cached copy is not the version this process
-    /// last wrote, the Machine is read from the API server. `None`: it is
-    /// gone.
-    pub async fn fresh(&self, machine: Arc<Machine>) -> Result<Option<Arc<Machine>>, Error> {
-        let name = machine.name_any();
-        let known = lock(&self.versions).get(&name).cloned();
-        if known.is_none() || known == machine.resource_version() {
-            return Ok(Some(machine));
-        }
-        tracing::debug!(machine = %name, cached = ?machine.resource_version(), ?known, "reading the Machine from the API server: the informer's copy is not the last one written");
-        let Some(current) = Api::<Machine>::all(self.client.clone())
-            .get_opt(&name)
-            .await
-            .map_err(Error::kube(format!("get Machine {name}")))?
-        else {
-            return Ok(None);
-        };
-        self.wrote(&current);
-        Ok(Some(Arc::new(current)))
-    }
-
-    /// Records the inputs (a hash) the Machine is about to be worked on with.
-    pub fn attempt(&self, machine: &str, inputs: u64) {
-        lock(&self.attempts)
-            .entry(machine.to_string())
-            .or_insert((inputs, None))
-            .0 = inputs;
-    }
-
-    /// The last attempt failed in a way only a change can fix: the same
-    /// inputs are not tried again.
-    pub fn park(&self, machine: &str) {
-        if let Some(entry) = lock(&self.attempts).get_mut(machine) {
-            entry.1 = Some(entry.0);
-        }
-    }
-
-    /// Whether the Machine failed with exactly these inputs and needs a
-    /// change before it is worth trying again.
-    pub fn parked(&self, machine: &str, inputs: u64) -> bool {
-        lock(&self.attempts)
-            .get(machine)
-            .is_some_and(|(_, parked)| *parked == Some(inputs))
-    }
-
-    /// Publishes an Event on `machine`; a failure to publish is only logged.
-    pub async fn event(
-        &self,
-        machine: &Machine,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        // Notes often carry what a host printed, so they are redacted here,
-        // whoever built them.
-        kok_common::events::publish(
-            &self.recorder,
-            &machine.object_ref(&()),
-            type_,
-            reason,
-            action,
-            &crate::redact::text(&note),
-            None,
-        )
-        .await;
-    }
-
-    /// Clears the failure count of `machine` after a success.
-    pub fn succeeded(&self, machine: &str) {
-        self.backoff.succeeded(machine);
-    }
-
-    /// How long the Machine's backoff after its last failure at
-    /// `generation` still runs, if it does (a changed spec is tried at once).
-    pub fn backing_off(&self, machine: &str, generation: Option<i64>) -> Option<Duration> {
-        self.backoff
-            .waiting(machine, generation)
-            .map(|(wait, _)| wait)
-    }
-}
 
 /// Run every controller with default settings until SIGTERM/SIGINT.
 pub async fn run(client: Client, concurrency: u16) {
@@ -433,7 +155,7 @@ async fn machines(
             },
         )
         .watches_stream(pv_cache, |_pv| None::<ObjectRef<Machine>>);
-    let _ = ctx.caches.set(Caches {
+    ctx.set_caches(Caches {
         defaults,
         package_versions,
     });
@@ -495,20 +217,8 @@ fn node_state(node: &Node) -> u64 {
     h.finish()
 }
 
-/// A failed Machine's first retry; it doubles up to [`BACKOFF_MAX`].
-const BACKOFF_FIRST: Duration = Duration::from_secs(2);
-const BACKOFF_MAX: Duration = Duration::from_secs(300);
-
-/// Backoff for a Machine after `failures` consecutive failures: 2 s doubling
-/// to 5 minutes.
-pub fn backoff(failures: u32) -> Duration {
-    kok_common::backoff::delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
-}
-
 fn machine_error_policy(machine: Arc<Machine>, error: &Error, ctx: Arc<Context>) -> Action {
-    let (n, delay) = ctx
-        .backoff
-        .failed(&machine.name_any(), machine.metadata.generation, |n, _| n);
+    let (n, delay) = ctx.failed(&machine.name_any(), machine.metadata.generation);
     tracing::warn!(machine = %machine.name_any(), category = error.category(), %error, failures = n, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
@@ -546,13 +256,5 @@ mod tests {
             ..Default::default()
         });
         assert_ne!(base, node_state(&cordoned));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_five_minutes() {
-        assert_eq!(backoff(1), Duration::from_secs(2));
-        assert_eq!(backoff(2), Duration::from_secs(4));
-        assert_eq!(backoff(5), Duration::from_secs(32));
-        assert_eq!(backoff(30), Duration::from_secs(300));
     }
 }

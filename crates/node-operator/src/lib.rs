@@ -4,6 +4,7 @@
 
 pub mod bootstrap;
 pub mod canary;
+pub mod context;
 pub mod controller;
 pub mod cpv;
 pub mod drain;
@@ -21,5 +22,6 @@ pub mod serving_certs;
 pub mod sessions;
 pub mod ssh;
 
-pub use controller::{Context, Settings, run, run_with};
+pub use context::{Context, Settings};
+pub use controller::{run, run_with};
 pub use error::Error;

@@ -24,7 +24,7 @@ use kube_on_kube_api::{ClusterPackageVersion, Machine};
 use serde_json::json;
 
 use crate::bootstrap;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::drain;
 use crate::host::{BOOTSTRAP_KUBECONFIG, CLUSTER_CA, Host, Probe};
 use crate::install::Installer;
@@ -172,10 +172,6 @@ pub async fn wanted(
     })?;
     Ok((ordered, cpv))
 }
-
-/// Where SSH keys are read from unless `--ssh-key-namespaces` says
-/// otherwise: the namespace the operator keeps its Lease in.
-pub const DEFAULT_SSH_KEY_NAMESPACE: &str = "kube-system";
 
 /// The SSH login of `machine`, with the private key from its Secret. The
 /// Secret must be in one of `namespaces`; whether it is not, does not exist,

@@ -9,8 +9,8 @@ use kok_common::duration::parse as parse_duration;
 use kok_common::operator::RuntimeArgs;
 use kok_common::telemetry::LogArgs;
 use node_operator::Settings;
+use node_operator::context::DEFAULT_SSH_KEY_NAMESPACE;
 use node_operator::install::{Limits, parse_size};
-use node_operator::machine::DEFAULT_SSH_KEY_NAMESPACE;
 use node_operator::repair::{Remediations, Rule, parse_rule};
 use node_operator::ssh::Timeouts;
 

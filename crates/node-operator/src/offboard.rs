@@ -16,7 +16,7 @@ use kube::runtime::events::EventType;
 use kube_on_kube_api::machine::{MachinePhase, MachineStatus};
 use kube_on_kube_api::{Machine, PackageVersion};
 
-use crate::controller::Context;
+use crate::context::Context;
 use crate::host::{Host, Removal};
 use crate::machine::{FINALIZER, plan, ssh_target, status};
 use crate::{Error, bootstrap, drain, paths};

@@ -12,7 +12,7 @@ use kube_on_kube_api::machine::{LastOperation, MachinePhase, MachineStatus};
 use kube_on_kube_api::shared::OperationResult;
 
 use crate::Error;
-use crate::controller::{Context, MANAGER};
+use crate::context::{Context, MANAGER};
 
 pub const REACHABLE: &str = "Reachable";
 pub const PACKAGES_INSTALLED: &str = "PackagesInstalled";
