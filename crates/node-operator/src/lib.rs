@@ -13,7 +13,6 @@ pub mod host;
 pub mod install;
 pub mod machine;
 pub mod metrics;
-pub mod offboard;
 pub mod paths;
 pub mod redact;
 pub mod repair;

@@ -16,11 +16,15 @@ use kube::runtime::events::EventType;
 use kube_on_kube_api::machine::{MachinePhase, MachineStatus};
 use kube_on_kube_api::{Machine, PackageVersion};
 
+use super::fetch::{self, ssh_target};
+use super::{plan, status};
 use crate::context::Context;
 use crate::host::{Host, Removal};
-use crate::machine::{FINALIZER, plan, ssh_target, status};
 use crate::{Error, bootstrap, drain, paths};
 use kok_common::finalizer;
+
+/// Finalizer that holds a Machine until its host is cleaned and its Node gone.
+pub const FINALIZER: &str = "kubeonkube.io/machine";
 
 /// What to remove for each package the host may have: the packages the
 /// Machine's status lists and those it should run, with units and links from
@@ -176,7 +180,7 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
         .values()
         .map(|i| i.package_version.clone())
         .collect();
-    if let Ok((wanted, _)) = crate::machine::wanted(ctx, machine).await {
+    if let Ok((wanted, _)) = fetch::wanted(ctx, machine).await {
         names.extend(wanted.into_iter().map(|w| w.package_version));
     }
     for pv_name in names {
