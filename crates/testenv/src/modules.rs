@@ -170,6 +170,26 @@ pub fn describe(graph: &Graph, cycles: &[Vec<String>]) -> String {
         .join("; ")
 }
 
+/// Panics, naming the edges, unless the graph of the crate at `src` has
+/// every module of `expected` (so that a moved tree is not read as empty)
+/// and no cycle.
+pub fn assert_no_cycles(src: &Path, expected: &[&str]) {
+    let graph = graph(src).unwrap_or_else(|e| panic!("read {}: {e}", src.display()));
+    for module in expected {
+        assert!(
+            graph.contains_key(*module),
+            "no module {module} under {}",
+            src.display()
+        );
+    }
+    let cycles = cycles(&graph);
+    assert!(
+        cycles.is_empty(),
+        "modules that import each other: {}",
+        describe(&graph, &cycles)
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
