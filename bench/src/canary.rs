@@ -24,7 +24,7 @@
 //! records on the host when it failed, so both clocks start alike.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -44,7 +44,8 @@ use serde_json::json;
 
 use crate::measure::median;
 use crate::packages::{self, HEALTH_FAILURES, Package};
-use crate::provision::{default_playbook, install_all, playbook};
+use crate::peer::{Ansible, Tool, playbook};
+use crate::provision::install_all;
 
 const MANAGER: &str = "kok-bench";
 const SSH_KEY_SECRET: &str = "node-ssh-key";
@@ -74,7 +75,12 @@ pub struct Args {
     /// Give up on any one phase after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
-    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one).
+    /// The tools to compare (`node-operator`, `ansible`, `mitogen`), each
+    /// as its best users run it (see `bench/src/peer.rs`).
+    #[arg(long, value_delimiter = ',', default_values_t = ["node-operator".to_string(), "ansible".to_string(), "mitogen".to_string()])]
+    pub tools: Vec<String>,
+    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one,
+    /// with Mitogen).
     #[arg(long, env = "ANSIBLE_PLAYBOOK")]
     pub ansible_playbook: Option<PathBuf>,
     /// Install the first versions on Ansible's hosts with provision.yml and
@@ -101,26 +107,20 @@ struct Sample {
 
 /// Runs the benchmark and prints (and optionally appends) the table.
 pub async fn run(args: Args) -> Result<()> {
-    let playbook_bin = match &args.ansible_playbook {
-        Some(p) => p.clone(),
-        None => default_playbook()?,
-    };
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
+    let tools = Tool::parse_all(&args.tools)?;
+    let ansible = Ansible::find(args.ansible_playbook.as_deref())?;
+    let mut samples: Vec<(usize, Tool, Sample)> = Vec::new();
     for run in 0..args.runs {
-        for node_operator_first in [run % 2 == 0, run % 2 == 1] {
-            if node_operator_first {
-                let s = node_operator(&args).await?;
-                eprintln!("run {}/{} node-operator: {s:?}", run + 1, args.runs);
-                ours.push(s);
-            } else {
-                let s = ansible(&args, &playbook_bin).await?;
-                eprintln!("run {}/{} ansible: {s:?}", run + 1, args.runs);
-                theirs.push(s);
-            }
+        for tool in Tool::rotation(&tools, run) {
+            let s = match tool {
+                Tool::NodeOperator => node_operator(&args).await?,
+                peer => playbooks(&args, peer, &ansible).await?,
+            };
+            eprintln!("run {}/{} {}: {s:?}", run + 1, args.runs, tool.label());
+            samples.push((run, tool, s));
         }
     }
-    let table = table(&args, &ours, &theirs);
+    let table = table(&args, &tools, &samples);
     println!("{table}");
     crate::append(args.out.as_deref(), &table)
 }
@@ -508,7 +508,7 @@ async fn ssh_key(client: &Client, hosts: &TestHosts) -> Result<()> {
     .await
 }
 
-async fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
+async fn playbooks(args: &Args, tool: Tool, ansible: &Ansible) -> Result<Sample> {
     let hosts = hosts(args.hosts)?;
     let v1 = packages::build(&hosts, "1.0.0", args.payload_mib)?;
     let v2 = packages::build_kubelet(&hosts, "2.0.0", args.payload_mib, false)?;
@@ -517,18 +517,22 @@ async fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
 
     if args.ansible_provision {
         let vars = json!({"packages": v1.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()});
-        let run = playbook(&hosts, "provision.yml", &vars, args.parallel, playbook_bin)?;
+        let run = playbook(&hosts, "provision.yml", &vars, args.parallel, tool, ansible)?;
         run.succeeded()?;
         sample.provision_s = Some(run.cost.wall_s);
         eprintln!(
-            "ansible: {} hosts provisioned in {:.1}s",
-            args.hosts, run.cost.wall_s
+            "{}: {} hosts provisioned in {:.1}s",
+            tool.label(),
+            args.hosts,
+            run.cost.wall_s
         );
     } else {
         let cost = install_all(&hosts, &v1, args.parallel).await?;
         eprintln!(
-            "ansible: {} hosts prepared with node-operator's installer in {:.1}s",
-            args.hosts, cost.wall_s
+            "{}: {} hosts prepared with node-operator's installer in {:.1}s",
+            tool.label(),
+            args.hosts,
+            cost.wall_s
         );
     }
     // Either way, the upgrade starts from the same files on every host.
@@ -548,7 +552,8 @@ async fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
             "upgrade.yml",
             &vars,
             args.parallel.max(serial),
-            playbook_bin,
+            tool,
+            ansible,
         )
     };
     let run = upgrade(&v2, 100)?;
@@ -557,9 +562,9 @@ async fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
     sample.most_unavailable = serial;
     let on_v2 = hosts_that_ran(&hosts, &v2.spec.version);
     if on_v2 != args.hosts {
-        bail!("ansible upgraded {on_v2} of {} hosts", args.hosts);
+        bail!("{} upgraded {on_v2} of {} hosts", tool.label(), args.hosts);
     }
-    eprintln!("ansible: upgraded in {:.1}s", sample.upgrade_s);
+    eprintln!("{}: upgraded in {:.1}s", tool.label(), sample.upgrade_s);
 
     let run = upgrade(&broken, 0)?;
     let ended = now_s();
@@ -572,8 +577,15 @@ async fn ansible(args: &Args, playbook_bin: &Path) -> Result<Sample> {
     Ok(sample)
 }
 
-fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
+fn table(args: &Args, tools: &[Tool], samples: &[(usize, Tool, Sample)]) -> String {
     let per_min = |s: &Sample| args.hosts as f64 / (s.upgrade_s / 60.0);
+    let of = |tool: Tool| -> Vec<Sample> {
+        samples
+            .iter()
+            .filter(|(_, t, _)| *t == tool)
+            .map(|(_, _, s)| s.clone())
+            .collect()
+    };
     let pick = |samples: &[Sample], f: &dyn Fn(&Sample) -> f64| {
         median(&samples.iter().map(f).collect::<Vec<_>>())
     };
@@ -594,9 +606,11 @@ fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
         batch_size(&args.max_unavailable, args.hosts),
         args.runs
     );
-    for (label, s) in [("node-operator", ours), ("ansible-playbook", theirs)] {
+    for tool in tools {
+        let s = &of(*tool);
         out.push_str(&format!(
-            "| {label} | {} | {:.1} | {:.0} | {} | {:.1} | {:.0} |\n",
+            "| {} | {} | {:.1} | {:.0} | {} | {:.1} | {:.0} |\n",
+            tool.label(),
             provision(s),
             pick(s, &|s| s.upgrade_s),
             pick(s, &per_min),
@@ -608,31 +622,38 @@ fn table(args: &Args, ours: &[Sample], theirs: &[Sample]) -> String {
             pick(s, &|s| s.upgraded_before_halt as f64),
         ));
     }
-    out.push_str(&format!(
-        "| **ratio ansible / node-operator** | | **{:.1}×** | | | **{:.1}×** | |\n",
-        pick(theirs, &|s| s.upgrade_s) / pick(ours, &|s| s.upgrade_s),
-        pick(theirs, &|s| s.halt_s) / pick(ours, &|s| s.halt_s)
-    ));
+    if tools.contains(&Tool::NodeOperator) {
+        let ours = &of(Tool::NodeOperator);
+        for peer in tools.iter().filter(|t| **t != Tool::NodeOperator) {
+            let theirs = &of(*peer);
+            out.push_str(&format!(
+                "| **ratio {} / node-operator** | | **{:.1}×** | | | **{:.1}×** | |\n",
+                peer.label(),
+                pick(theirs, &|s| s.upgrade_s) / pick(ours, &|s| s.upgrade_s),
+                pick(theirs, &|s| s.halt_s) / pick(ours, &|s| s.halt_s)
+            ));
+        }
+    }
     out.push_str(
         "\nnode-operator provisions through its Machine controller (bootstrap token, Node \
          registration); Ansible's provision, when measured (`--ansible-provision`), is the bare \
          install; otherwise its hosts start from the same files installed by node-operator's \
-         installer. `most unavailable` for Ansible is its `serial`.\n\nAll runs:\n\n\
+         installer. `most unavailable` for Ansible is its `serial`. Both sides' health checks \
+         are the same deadline loop (node-operator's own script, one Ansible task).\n\nAll runs:\n\n\
          | run | tool | provision s | upgrade s | most unavailable | first failure → halt s | switched to the bad version |\n\
          |---:|---|---:|---:|---:|---:|---:|\n",
     );
-    for (i, (o, t)) in ours.iter().zip(theirs).enumerate() {
-        for (label, s) in [("node-operator", o), ("ansible-playbook", t)] {
-            out.push_str(&format!(
-                "| {} | {label} | {} | {:.1} | {} | {:.1} | {} |\n",
-                i + 1,
-                provision(std::slice::from_ref(s)),
-                s.upgrade_s,
-                s.most_unavailable,
-                s.halt_s,
-                s.upgraded_before_halt
-            ));
-        }
+    for (run, tool, s) in samples {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {} | {:.1} | {} |\n",
+            run + 1,
+            tool.label(),
+            provision(std::slice::from_ref(s)),
+            s.upgrade_s,
+            s.most_unavailable,
+            s.halt_s,
+            s.upgraded_before_halt
+        ));
     }
     out
 }

@@ -5,6 +5,7 @@ mod controlplane;
 mod fleet;
 mod measure;
 mod packages;
+mod peer;
 mod plot;
 mod provision;
 mod steady;

@@ -128,6 +128,11 @@ fn build_one(
         name = shape.name
     );
     let health = vec![format!("/usr/local/bin/{first}"), "--version".to_string()];
+    let health_check = HealthCheck {
+        command: Some(health),
+        http_get: None,
+        timeout_seconds: 10,
+    };
     let spec = PackageVersionSpec {
         package: shape.name.into(),
         version: version.into(),
@@ -158,11 +163,7 @@ fn build_one(
             }),
             requires_drain: false,
         },
-        health_check: Some(HealthCheck {
-            command: Some(health.clone()),
-            http_get: None,
-            timeout_seconds: 10,
-        }),
+        health_check: Some(health_check.clone()),
         depends_on: vec![],
     };
     let ansible = serde_json::json!({
@@ -178,7 +179,8 @@ fn build_one(
         })).collect::<Vec<_>>(),
         "unit_name": if shape.service { unit_name.as_str() } else { "" },
         "unit": unit,
-        "health": health.join(" "),
+        // node-operator's own deadline loop, run as one task.
+        "health_script": node_operator::install::health_script(&health_check),
     });
     Ok(Package {
         name: name_of_version,

@@ -1,20 +1,27 @@
 //! Benchmark 3: installing the same three packages on the same number of SSH
 //! test hosts with node-operator's installer and with an Ansible playbook
-//! (`bench/ansible/provision.yml`), at the same parallelism. Every run starts
-//! from fresh, empty hosts, and the tools take turns going first.
+//! (`bench/ansible/provision.yml`), run by Ansible and by Ansible + Mitogen
+//! (see [`crate::peer`]), at the same parallelism. Every run starts from
+//! fresh, empty hosts, and the tools take turns going first. Each run also
+//! measures the transfer floor: every host fetching every artifact and
+//! discarding it, what the artifact server's bandwidth allows at best.
+//!
+//! This calls node-operator's installer in-process (no API server, no
+//! Machine, no operator process): a micro-benchmark of the install itself.
+//! `kok-bench canary` and `kok-bench workers` go through the operator.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use futures::StreamExt as _;
-use kok_testenv::hosts::TestHosts;
+use kok_testenv::hosts::{TestHost, TestHosts};
 use node_operator::install::Installer;
 use node_operator::ssh::{Session, Target, Timeouts};
 
 use crate::measure::{Cost, Meter, median};
 use crate::packages::{self, Package};
+use crate::peer::{Ansible, Tool, playbook};
 
 /// Flags of `kok-bench provision`.
 #[derive(clap::Args, Debug)]
@@ -22,7 +29,7 @@ pub struct Args {
     /// Number of SSH test hosts (at most 253).
     #[arg(long, default_value_t = 50)]
     pub hosts: usize,
-    /// Hosts worked on at once, by both tools (Ansible's `--forks`).
+    /// Hosts worked on at once, by every tool (Ansible's `--forks`).
     #[arg(long, default_value_t = 50)]
     pub parallel: usize,
     /// Runs of each tool; the table reports medians.
@@ -31,7 +38,12 @@ pub struct Args {
     /// Size of each artifact's payload in MiB.
     #[arg(long, default_value_t = 1)]
     pub payload_mib: usize,
-    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one).
+    /// The tools to compare (`node-operator`, `ansible`, `mitogen`), each
+    /// as its best users run it (see `bench/src/peer.rs`).
+    #[arg(long, value_delimiter = ',', default_values_t = ["node-operator".to_string(), "ansible".to_string(), "mitogen".to_string()])]
+    pub tools: Vec<String>,
+    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one,
+    /// with Mitogen).
     #[arg(long, env = "ANSIBLE_PLAYBOOK")]
     pub ansible_playbook: Option<PathBuf>,
     /// Append the results table to this file.
@@ -39,65 +51,94 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-enum Tool {
-    NodeOperator,
-    Ansible,
-}
-
-impl Tool {
-    fn label(self) -> &'static str {
-        match self {
-            Tool::NodeOperator => "node-operator",
-            Tool::Ansible => "ansible-playbook",
-        }
-    }
+/// One run of one tool, or of the transfer floor (`tool` None).
+struct Run {
+    run: usize,
+    tool: Option<Tool>,
+    cost: Cost,
+    bytes_per_host: u64,
 }
 
 /// Runs the benchmark and prints (and optionally appends) the table.
 pub async fn run(args: Args) -> Result<()> {
-    let playbook_bin = match &args.ansible_playbook {
-        Some(p) => p.clone(),
-        None => default_playbook()?,
-    };
-    let mut results: Vec<(Tool, Cost)> = Vec::new();
+    let tools = Tool::parse_all(&args.tools)?;
+    let ansible = Ansible::find(args.ansible_playbook.as_deref())?;
+    let mut results: Vec<Run> = Vec::new();
     for run in 0..args.runs {
-        let order = if run % 2 == 0 {
-            [Tool::NodeOperator, Tool::Ansible]
-        } else {
-            [Tool::Ansible, Tool::NodeOperator]
-        };
+        let mut order: Vec<Option<Tool>> = vec![None];
+        order.extend(Tool::rotation(&tools, run).into_iter().map(Some));
         for tool in order {
-            let cost = one_run(tool, &args, &playbook_bin).await?;
+            let (cost, bytes_per_host) = one_run(tool, &args, &ansible).await?;
             eprintln!(
                 "run {}/{} {:<16} wall {:>6.1}s  cpu {:>6.1}s  machine cpu {:>6.1}s",
                 run + 1,
                 args.runs,
-                tool.label(),
+                tool.map_or("transfer floor", Tool::label),
                 cost.wall_s,
                 cost.cpu_s,
                 cost.machine_cpu_s
             );
-            results.push((tool, cost));
+            results.push(Run {
+                run,
+                tool,
+                cost,
+                bytes_per_host,
+            });
         }
     }
-    let table = table(&args, &results);
+    let table = table(&args, &tools, &results);
     println!("{table}");
     crate::append(args.out.as_deref(), &table)
 }
 
-async fn one_run(tool: Tool, args: &Args, playbook_bin: &Path) -> Result<Cost> {
+/// One run on fresh hosts: `tool`'s install and the check that it left
+/// every host complete, or (None) the transfer floor. Returns its cost and
+/// the artifact bytes each host needs.
+async fn one_run(tool: Option<Tool>, args: &Args, ansible: &Ansible) -> Result<(Cost, u64)> {
     let hosts = TestHosts::start(args.hosts).context("start test hosts")?;
     let packages = packages::build(&hosts, "1.0.0", args.payload_mib)?;
-    let cost = match tool {
-        Tool::NodeOperator => install_all(&hosts, &packages, args.parallel).await?,
-        Tool::Ansible => ansible(&hosts, &packages, args.parallel, playbook_bin)?,
-    };
-    // Both tools must have done the whole job on every host.
-    for host in hosts.hosts() {
-        packages::check_host(host, "1.0.0").with_context(|| tool.label())?;
+    let mut bytes = 0;
+    for p in &packages {
+        let url = &p.spec.artifacts[0].url;
+        let file = url.rsplit('/').next().unwrap_or_default();
+        bytes += std::fs::metadata(hosts.artifacts_dir().join(file))?.len();
     }
-    Ok(cost)
+    let cost = match tool {
+        None => {
+            return Ok((
+                transfer_floor(&hosts, &packages, args.parallel).await?,
+                bytes,
+            ));
+        }
+        Some(Tool::NodeOperator) => install_all(&hosts, &packages, args.parallel).await?,
+        Some(peer) => playbook_install(&hosts, &packages, args.parallel, peer, ansible)?,
+    };
+    // Every tool must have done the whole job on every host.
+    let label = tool.map_or("", Tool::label);
+    for host in hosts.hosts() {
+        packages::check_host(host, "1.0.0").with_context(|| label)?;
+    }
+    Ok((cost, bytes))
+}
+
+/// What the artifact server's bandwidth allows: every host fetching every
+/// artifact with curl to /dev/null (no checksum, no unpacking, nothing
+/// written), `parallel` hosts at once over one SSH session each, the way
+/// the tools reach them.
+async fn transfer_floor(hosts: &TestHosts, packages: &[Package], parallel: usize) -> Result<Cost> {
+    let script: String = packages
+        .iter()
+        .map(|p| format!("curl -fsS -o /dev/null '{}' && ", p.spec.artifacts[0].url))
+        .chain(["true".to_string()])
+        .collect();
+    on_every_host(hosts, parallel, async |session, _host| {
+        let out = session.run(&script).await?;
+        if out.status != 0 {
+            bail!("curl failed: {}", out.stderr.trim());
+        }
+        Ok(())
+    })
+    .await
 }
 
 /// Installs `packages` on every host with node-operator's installer,
@@ -107,11 +148,30 @@ pub(crate) async fn install_all(
     packages: &[Package],
     parallel: usize,
 ) -> Result<Cost> {
+    on_every_host(hosts, parallel, async |session, host| {
+        let installer = Installer::new(session);
+        let values = packages::values(&host.ip().to_string());
+        for package in packages {
+            installer.install(&package.spec, &values).await?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Runs `work` on every host over an SSH session of its own, `parallel`
+/// hosts at once, and returns what that cost; the first error, if any.
+async fn on_every_host(
+    hosts: &TestHosts,
+    parallel: usize,
+    work: impl AsyncFn(&Session, &TestHost) -> Result<()>,
+) -> Result<Cost> {
     let key = hosts.client_private_key_pem();
     let timeouts = Timeouts {
         connect: Duration::from_secs(30),
         run: Duration::from_secs(300),
     };
+    let work = &work;
     let meter = Meter::start();
     let results: Vec<Result<()>> = futures::stream::iter(hosts.hosts())
         .map(|host| {
@@ -124,13 +184,9 @@ pub(crate) async fn install_all(
             };
             async move {
                 let session = Session::connect(&target, timeouts).await?;
-                let installer = Installer::new(&session);
-                let values = packages::values(&host.ip().to_string());
-                for package in packages {
-                    installer.install(&package.spec, &values).await?;
-                }
+                let result = work(&session, host).await;
                 session.close().await;
-                Ok(())
+                result
             }
         })
         .buffer_unordered(parallel.max(1))
@@ -143,154 +199,85 @@ pub(crate) async fn install_all(
     Ok(cost)
 }
 
-fn ansible(
+fn playbook_install(
     hosts: &TestHosts,
     packages: &[Package],
     parallel: usize,
-    playbook_bin: &Path,
+    tool: Tool,
+    ansible: &Ansible,
 ) -> Result<Cost> {
     let vars = serde_json::json!({
         "packages": packages.iter().map(|p| p.ansible.clone()).collect::<Vec<_>>()
     });
-    let run = playbook(hosts, "provision.yml", &vars, parallel, playbook_bin)?;
+    let run = playbook(hosts, "provision.yml", &vars, parallel, tool, ansible)?;
     run.succeeded()?;
     Ok(run.cost)
 }
 
-/// One `ansible-playbook` run: what it cost, and how it ended.
-pub struct PlaybookRun {
-    pub cost: Cost,
-    pub output: std::process::Output,
-}
-
-impl PlaybookRun {
-    /// An error with the end of its output unless every host succeeded.
-    pub fn succeeded(&self) -> Result<()> {
-        if !self.output.status.success() {
-            let stdout = String::from_utf8_lossy(&self.output.stdout);
-            let tail: Vec<&str> = stdout.lines().rev().take(30).collect();
-            bail!(
-                "ansible-playbook failed ({}):\n{}\n{}",
-                self.output.status,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-                String::from_utf8_lossy(&self.output.stderr)
-            );
-        }
-        Ok(())
-    }
-}
-
-/// Runs `bench/ansible/<name>` on every host with `vars`, `parallel` forks,
-/// and Ansible's fastest settings.
-pub fn playbook(
-    hosts: &TestHosts,
-    name: &str,
-    vars: &serde_json::Value,
-    parallel: usize,
-    playbook_bin: &Path,
-) -> Result<PlaybookRun> {
-    let work = tempfile::tempdir()?;
-    let mut inventory = String::from("[all]\n");
-    for host in hosts.hosts() {
-        inventory.push_str(&format!(
-            "{} ansible_host={} ansible_port={}\n",
-            host.name(),
-            host.ip(),
-            host.port()
-        ));
-    }
-    inventory.push_str(&format!(
-        "[all:vars]\nansible_user=root\nansible_ssh_private_key_file={}\nansible_python_interpreter=/usr/bin/python3\nansible_ssh_common_args='-o UserKnownHostsFile={} -o StrictHostKeyChecking=yes'\n",
-        hosts.client_key_path().display(),
-        hosts.known_hosts_path().display()
-    ));
-    let inventory_path = work.path().join("inventory.ini");
-    std::fs::write(&inventory_path, inventory)?;
-    let vars_path = work.path().join("vars.json");
-    std::fs::write(&vars_path, serde_json::to_vec(vars)?)?;
-    let playbook = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("ansible")
-        .join(name);
-    let meter = Meter::start();
-    let output = Command::new(playbook_bin)
-        .arg("-i")
-        .arg(&inventory_path)
-        .arg("-e")
-        .arg(format!("@{}", vars_path.display()))
-        .arg("--forks")
-        .arg(parallel.max(1).to_string())
-        .arg(&playbook)
-        // Ansible's fastest settings: one connection per host kept open,
-        // modules piped rather than copied.
-        .env("ANSIBLE_PIPELINING", "True")
-        .env("ANSIBLE_HOST_KEY_CHECKING", "True")
-        .env("ANSIBLE_LOCAL_TEMP", work.path().join("tmp"))
-        .env("ANSIBLE_SSH_CONTROL_PATH_DIR", work.path().join("cp"))
-        .env("ANSIBLE_NOCOLOR", "1")
-        .output()
-        .with_context(|| format!("run {}", playbook_bin.display()))?;
-    Ok(PlaybookRun {
-        cost: meter.stop(),
-        output,
-    })
-}
-
-/// `ansible-playbook` from the virtualenv `bench/setup-ansible.sh` makes.
-pub fn default_playbook() -> Result<PathBuf> {
-    let output = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("setup-ansible.sh"))
-        .output()
-        .context("run bench/setup-ansible.sh")?;
-    if !output.status.success() {
-        bail!(
-            "bench/setup-ansible.sh failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&output.stdout).trim().to_string(),
-    ))
-}
-
-fn table(args: &Args, results: &[(Tool, Cost)]) -> String {
-    let pick = |tool: Tool, f: fn(&Cost) -> f64| -> f64 {
+fn table(args: &Args, tools: &[Tool], results: &[Run]) -> String {
+    let pick = |tool: Option<Tool>, f: &dyn Fn(&Run) -> f64| -> f64 {
         median(
             &results
                 .iter()
-                .filter(|(t, _)| *t == tool)
-                .map(|(_, c)| f(c))
+                .filter(|r| r.tool == tool)
+                .map(f)
                 .collect::<Vec<_>>(),
         )
     };
+    let bytes = results.first().map_or(0, |r| r.bytes_per_host);
+    let floor = pick(None, &|r| r.cost.wall_s);
     let mut out = format!(
-        "\n### Node provisioning: {} hosts, {} at once, 3 packages of {} MiB, median of {} runs\n\n| tool | wall s | CPU s (tool) | CPU s (machine) |\n|---|---:|---:|---:|\n",
-        args.hosts, args.parallel, args.payload_mib, args.runs
+        "\n### Node provisioning: {} hosts, {} at once, 3 packages of {} MiB ({:.1} MiB per host), median of {} runs\n\n\
+         | tool | wall s | share of the transfer floor | CPU s (controller) | CPU s (rest of the machine: hosts, sshd) | CPU s (machine) |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        args.hosts,
+        args.parallel,
+        args.payload_mib,
+        bytes as f64 / (1024.0 * 1024.0),
+        args.runs
     );
-    for tool in [Tool::NodeOperator, Tool::Ansible] {
-        out.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.1} |\n",
-            tool.label(),
-            pick(tool, |c| c.wall_s),
-            pick(tool, |c| c.cpu_s),
-            pick(tool, |c| c.machine_cpu_s)
-        ));
-    }
-    let ratio = |f: fn(&Cost) -> f64| pick(Tool::Ansible, f) / pick(Tool::NodeOperator, f);
-    out.push_str(&format!(
-        "| **ratio ansible / node-operator** | **{:.1}×** | **{:.1}×** | **{:.1}×** |\n",
-        ratio(|c| c.wall_s),
-        ratio(|c| c.cpu_s),
-        ratio(|c| c.machine_cpu_s)
+    let row = |label: &str, tool: Option<Tool>| {
+        let wall = pick(tool, &|r| r.cost.wall_s);
+        format!(
+            "| {label} | {wall:.1} | {:.0} % | {:.1} | {:.1} | {:.1} |\n",
+            100.0 * floor / wall,
+            pick(tool, &|r| r.cost.cpu_s),
+            pick(tool, &|r| r.cost.machine_cpu_s - r.cost.cpu_s),
+            pick(tool, &|r| r.cost.machine_cpu_s)
+        )
+    };
+    out.push_str(&row(
+        "transfer floor (curl of every artifact, nothing installed)",
+        None,
     ));
-    out.push_str("\nAll runs:\n\n| run | tool | wall s | CPU s (tool) | CPU s (machine) |\n|---:|---|---:|---:|---:|\n");
-    for (i, (tool, c)) in results.iter().enumerate() {
+    for tool in tools {
+        out.push_str(&row(tool.label(), Some(*tool)));
+    }
+    if tools.contains(&Tool::NodeOperator) {
+        for peer in tools.iter().filter(|t| **t != Tool::NodeOperator) {
+            let ratio =
+                |f: &dyn Fn(&Run) -> f64| pick(Some(*peer), f) / pick(Some(Tool::NodeOperator), f);
+            out.push_str(&format!(
+                "| **ratio {} / node-operator** | **{:.1}×** | | **{:.1}×** | {:.1}× | {:.1}× |\n",
+                peer.label(),
+                ratio(&|r| r.cost.wall_s),
+                ratio(&|r| r.cost.cpu_s),
+                ratio(&|r| r.cost.machine_cpu_s - r.cost.cpu_s),
+                ratio(&|r| r.cost.machine_cpu_s)
+            ));
+        }
+    }
+    out.push_str(
+        "\nAll runs:\n\n| run | tool | wall s | CPU s (controller) | CPU s (machine) |\n|---:|---|---:|---:|---:|\n",
+    );
+    for r in results {
         out.push_str(&format!(
             "| {} | {} | {:.1} | {:.1} | {:.1} |\n",
-            i / 2 + 1,
-            tool.label(),
-            c.wall_s,
-            c.cpu_s,
-            c.machine_cpu_s
+            r.run + 1,
+            r.tool.map_or("transfer floor", Tool::label),
+            r.cost.wall_s,
+            r.cost.cpu_s,
+            r.cost.machine_cpu_s
         ));
     }
     out

@@ -16,7 +16,7 @@ mod peer;
 mod site;
 mod timeline;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -27,8 +27,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_on_kube_api::Machine;
 
 use crate::fleet::process_cpu_seconds;
-use crate::measure::{Meter, children_cpu, median};
-use crate::provision::{default_playbook, playbook};
+use crate::measure::{Meter, median};
+use crate::peer::{Ansible, Tool, playbook};
 use site::Site;
 use timeline::Timeline;
 
@@ -43,8 +43,9 @@ pub struct Args {
     /// report medians over every worker of every run.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// The tools to run (`node-operator`, `ansible`).
-    #[arg(long, value_delimiter = ',', default_values_t = ["node-operator".to_string(), "ansible".to_string()])]
+    /// The tools to run (`node-operator`, `ansible`, `mitogen`), each as
+    /// its best users run it (see `bench/src/peer.rs`).
+    #[arg(long, value_delimiter = ',', default_values_t = ["node-operator".to_string(), "ansible".to_string(), "mitogen".to_string()])]
     pub tools: Vec<String>,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
@@ -59,29 +60,6 @@ pub struct Args {
     /// Append the results tables to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tool {
-    NodeOperator,
-    Ansible,
-}
-
-impl Tool {
-    fn label(self) -> &'static str {
-        match self {
-            Tool::NodeOperator => "node-operator",
-            Tool::Ansible => "ansible-playbook",
-        }
-    }
-
-    fn parse(name: &str) -> Result<Tool> {
-        match name {
-            "node-operator" => Ok(Tool::NodeOperator),
-            "ansible" | "ansible-playbook" => Ok(Tool::Ansible),
-            other => bail!("unknown tool {other} (node-operator, ansible)"),
-        }
-    }
 }
 
 /// One worker of one run, in seconds from the start and bytes.
@@ -117,16 +95,9 @@ struct Run {
 
 /// Runs the benchmark and prints (and optionally appends) the tables.
 pub async fn run(args: Args) -> Result<()> {
-    let tools = args
-        .tools
-        .iter()
-        .map(|t| Tool::parse(t))
-        .collect::<Result<Vec<_>>>()?;
-    let playbook_bin = if tools.contains(&Tool::Ansible) {
-        Some(match &args.ansible_playbook {
-            Some(p) => p.clone(),
-            None => default_playbook()?,
-        })
+    let tools = Tool::parse_all(&args.tools)?;
+    let ansible = if tools.iter().any(|t| *t != Tool::NodeOperator) {
+        Some(Ansible::find(args.ansible_playbook.as_deref())?)
     } else {
         None
     };
@@ -137,12 +108,8 @@ pub async fn run(args: Args) -> Result<()> {
     let mut runs = Vec::new();
     for &n in &args.hosts {
         for run in 0..args.runs {
-            let mut order = tools.clone();
-            if run % 2 == 1 {
-                order.reverse();
-            }
-            for tool in order {
-                let r = one_run(&site, &timeline, tool, n, timeout, playbook_bin.as_deref())
+            for tool in Tool::rotation(&tools, run) {
+                let r = one_run(&site, &timeline, tool, n, timeout, ansible.as_ref())
                     .await
                     .with_context(|| format!("{} on {n} hosts, run {}", tool.label(), run + 1))?;
                 eprintln!(
@@ -199,7 +166,7 @@ async fn one_run(
     tool: Tool,
     n: usize,
     timeout: Duration,
-    playbook_bin: Option<&Path>,
+    ansible: Option<&Ansible>,
 ) -> Result<Run> {
     let hosts = tokio::task::block_in_place(|| TestHosts::start(n)).context("start the hosts")?;
     let machines = hosts
@@ -213,11 +180,8 @@ async fn one_run(
     let images_mark = site.registry.served()?.len();
     let received_before: Vec<u64> = hosts.hosts().iter().map(received).collect();
 
-    let tool_cpu = || match tool {
-        Tool::NodeOperator => node_operator_cpu(),
-        Tool::Ansible => children_cpu(),
-    };
-    let tool_cpu_before = tool_cpu();
+    let node_operator_before = node_operator_cpu();
+    let mut controller_cpu_s = None;
     let meter = Meter::start();
     let started = Instant::now();
     let mut play_s = None;
@@ -230,7 +194,7 @@ async fn one_run(
                     api.create(&PostParams::default(), machine).await?;
                 }
             }
-            Tool::Ansible => {
+            peer => {
                 let (vars, secret) = peer::prepare(
                     &site.business,
                     &site.packages,
@@ -239,10 +203,12 @@ async fn one_run(
                 )
                 .await?;
                 token = Some(secret);
-                let bin = playbook_bin.context("no ansible-playbook")?;
-                let play =
-                    tokio::task::block_in_place(|| playbook(&hosts, "workers.yml", &vars, n, bin))?;
+                let ansible = ansible.context("no ansible-playbook")?;
+                let play = tokio::task::block_in_place(|| {
+                    playbook(&hosts, "workers.yml", &vars, n, peer, ansible)
+                })?;
                 play_s = Some(started.elapsed().as_secs_f64());
+                controller_cpu_s = Some(play.controller_cpu_s);
                 play.succeeded()?;
             }
         }
@@ -250,7 +216,10 @@ async fn one_run(
     }
     .await;
     let cost = meter.stop();
-    let tool_cpu_s = tool_cpu() - tool_cpu_before;
+    let tool_cpu_s = match tool {
+        Tool::NodeOperator => node_operator_cpu() - node_operator_before,
+        _ => controller_cpu_s.unwrap_or(f64::NAN),
+    };
     let hosts_cpu_s = hosts
         .hosts()
         .iter()
@@ -566,15 +535,16 @@ fn table(args: &Args, n: usize, tools: &[Tool], runs: &[Run], cluster_ready_s: f
             mib(median(&of(tool, |w| w.received_bytes as f64))),
         ));
     }
-    if tools.len() == 2 {
-        let ratio = |f: fn(&Worker) -> f64| {
-            median(&of(Tool::Ansible, f)) / median(&of(Tool::NodeOperator, f))
-        };
+    let peers = tools.iter().filter(|t| **t != Tool::NodeOperator);
+    for &peer in peers.filter(|_| tools.contains(&Tool::NodeOperator)) {
+        let ratio =
+            |f: fn(&Worker) -> f64| median(&of(peer, f)) / median(&of(Tool::NodeOperator, f));
         let ratio_runs = |f: fn(&Run) -> f64| {
-            median(&of_runs(Tool::Ansible, f)) / median(&of_runs(Tool::NodeOperator, f))
+            median(&of_runs(peer, f)) / median(&of_runs(Tool::NodeOperator, f))
         };
         out.push_str(&format!(
-            "| **ratio ansible / node-operator (medians)** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | {:.2}× | {:.2}× | {:.2}× |\n",
+            "| **ratio {} / node-operator (medians)** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | **{:.1}×** | {:.2}× | {:.2}× | {:.2}× |\n",
+            peer.label(),
             ratio(|w| w.ready_s),
             ratio(|w| w.first_pod_s),
             ratio(|w| w.workload_s),

@@ -158,14 +158,12 @@ fn package(w: &Wanted) -> Result<Value> {
         };
         (0, String::new(), link.to_string())
     };
-    let (health_command, health_url, health_timeout) = match &spec.health_check {
-        Some(h) => (
-            h.command.clone().unwrap_or_default(),
-            h.http_get.clone().unwrap_or_default(),
-            h.timeout_seconds.max(1),
-        ),
-        None => (Vec::new(), String::new(), 1),
-    };
+    // node-operator's own deadline loop, run as one task.
+    let health_script = spec
+        .health_check
+        .as_ref()
+        .map(install::health_script)
+        .unwrap_or_default();
     Ok(json!({
         "name": w.package,
         "version": spec.version,
@@ -176,9 +174,7 @@ fn package(w: &Wanted) -> Result<Value> {
         "unpack_dest": unpack_dest,
         "binary": binary,
         "unit_name": spec.install.systemd_unit.as_ref().map(|u| u.name.clone()).unwrap_or_default(),
-        "health_command": health_command,
-        "health_url": health_url,
-        "health_timeout": health_timeout,
+        "health_script": health_script,
     }))
 }
 
@@ -211,10 +207,13 @@ mod tests {
         let p = package(&runc).unwrap();
         assert_eq!(p["archive"], false);
         assert_eq!(p["binary"], "/usr/local/sbin/runc");
-        assert_eq!(
-            p["health_command"],
-            json!(["/usr/local/sbin/runc", "--version"])
+        let health = p["health_script"].as_str().unwrap();
+        assert!(
+            health.contains("timeout 1 /usr/local/sbin/runc --version")
+                || health.contains("'/usr/local/sbin/runc' '--version'"),
+            "{health}"
         );
+        assert!(health.contains("deadline="), "{health}");
         let split = wanted(
             "package: x\nversion: '1'\nartifacts:\n- {arch: amd64, url: http://a/x.tgz, sha256: ab}\ninstall:\n  binaries:\n  - {path: bin/a, link: /usr/local/bin/a}\n  - {path: b, link: /opt/b}\n",
         );
