@@ -25,6 +25,7 @@ use crate::applied::{Applied, Version, desired_hash};
 use crate::config::{ADDON_RETRY_MAX, Config};
 use crate::names::Names;
 use crate::render::config_hash;
+use crate::versions::Resolved;
 
 /// A converging Cluster is looked at again this soon after its status
 /// changed, doubling while it does not, up to [`POLL_MAX`].
@@ -78,6 +79,8 @@ pub struct Pass<'a> {
     pub ctx: &'a Context,
     pub cluster: &'a Cluster,
     pub names: &'a Names,
+    /// The versions and images its spec asks for, resolved once.
+    pub resolved: &'a Resolved,
     /// The Cluster's Secrets, as the PKI step left them.
     pub secrets: &'a BTreeMap<String, Secret>,
     /// The Cluster's Services, as the pass read them.

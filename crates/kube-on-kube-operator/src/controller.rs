@@ -29,6 +29,7 @@ use crate::names::{Component, Names};
 use crate::pki::{authorities, certificates, secrets};
 use crate::render::etcd;
 use crate::teardown::{TEARDOWN_FINALIZER, teardown};
+use crate::versions::Resolved;
 use crate::{Error, addons, control_plane, render, status};
 
 /// The longest a settled Cluster waits for its next reconcile.
@@ -321,12 +322,9 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     let deployments_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let spec = &cluster.spec;
     let version = spec.version.clone();
-    let etcd_version = spec
-        .etcd
-        .component
-        .version
-        .clone()
-        .unwrap_or_else(|| ctx.config.etcd_version.clone());
+    // What the spec asks each component to run, resolved once for the pass.
+    let resolved = Resolved::of(&cluster, &ctx.config);
+    let etcd_version = resolved.etcd.version.clone();
 
     if cluster.metadata.deletion_timestamp.is_some() {
         return teardown(&ctx, &cluster, &names).await;
@@ -371,7 +369,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
 
     // A spec asking for what the operator's flags do not allow is treated
     // like a paused one: read, reported, never applied.
-    let refusals = crate::policy::check(&cluster, &ctx.config);
+    let refusals = crate::policy::check(&cluster, &ctx.config, &resolved);
     if !refusals.is_empty() && !spec.paused {
         publish(
             &ctx,
@@ -533,6 +531,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         ctx: &ctx,
         cluster: &cluster,
         names: &names,
+        resolved: &resolved,
         secrets: &all_secrets,
         services: &services,
         deployments: &deployments,

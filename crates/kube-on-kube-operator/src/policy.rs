@@ -12,6 +12,7 @@ use kube_on_kube_api::cluster::{ALLOWED, Cluster, ClusterPhase, ClusterStatus};
 use crate::config::Config;
 pub use crate::config::Policy;
 use crate::names::Component;
+use crate::versions::Resolved;
 
 /// Flag of [`Policy::images`].
 pub const IMAGES_FLAG: &str = "--allowed-image-prefixes";
@@ -307,45 +308,18 @@ pub fn node_operator_refusal(
 
 /// Everything in the Cluster's spec the policy does not allow; empty when
 /// it may be applied.
-pub fn check(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
+pub fn check(cluster: &Cluster, config: &Config, resolved: &Resolved) -> Vec<Refusal> {
     let spec = &cluster.spec;
     let mut refusals = Vec::new();
     let components = [
-        (
-            "spec.etcd.image",
-            crate::versions::etcd_image(cluster, config),
-        ),
-        (
-            "spec.apiServer.image",
-            crate::versions::component_image(
-                &config.registry,
-                crate::names::display_name(Component::ApiServer),
-                &spec.api_server.component,
-                &spec.version,
-            ),
-        ),
-        (
-            "spec.controllerManager.image",
-            crate::versions::component_image(
-                &config.registry,
-                crate::names::display_name(Component::ControllerManager),
-                &spec.controller_manager,
-                &spec.version,
-            ),
-        ),
-        (
-            "spec.scheduler.image",
-            crate::versions::component_image(
-                &config.registry,
-                crate::names::display_name(Component::Scheduler),
-                &spec.scheduler,
-                &spec.version,
-            ),
-        ),
+        ("spec.etcd.image", &resolved.etcd),
+        ("spec.apiServer.image", &resolved.api_server),
+        ("spec.controllerManager.image", &resolved.controller_manager),
+        ("spec.scheduler.image", &resolved.scheduler),
     ];
-    for (field, image) in components {
-        if !image_allowed(&image, config) {
-            refusals.push(image_refusal(field.into(), &image));
+    for (field, wanted) in components {
+        if !image_allowed(&wanted.image, config) {
+            refusals.push(image_refusal(field.into(), &wanted.image));
         }
     }
     // `serverImage`: the konnectivity add-on's server, run in the
@@ -439,6 +413,11 @@ pub fn set_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check as a pass makes it, the spec resolved first.
+    fn checked(cluster: &Cluster, config: &Config) -> Vec<Refusal> {
+        check(cluster, config, &Resolved::of(cluster, config))
+    }
     use serde_json::json;
 
     fn config(images: &[&str], host_paths: &[&str]) -> Config {
@@ -535,7 +514,7 @@ mod tests {
         ] {
             assert!(!image_allowed(bad, &c), "{bad}");
         }
-        assert!(check(&cluster(), &c).is_empty());
+        assert!(checked(&cluster(), &c).is_empty());
     }
 
     #[test]
@@ -555,7 +534,7 @@ mod tests {
             {"name": "off", "version": "1.0.0", "enabled": false, "values": {"image": "evil.io/x:1"}},
         ]))
         .expect("addons");
-        let refused: Vec<String> = check(&c, &config(&[], &[]))
+        let refused: Vec<String> = checked(&c, &config(&[], &[]))
             .into_iter()
             .map(|r| {
                 assert_eq!(r.reason, IMAGE_NOT_ALLOWED);
@@ -576,8 +555,8 @@ mod tests {
         );
         // Allowed by the flag: nothing refused but the non-string image.
         let open = config(&["evil.io/"], &[]);
-        assert_eq!(check(&c, &open).len(), 1);
-        assert!(check(&c, &config(&[ANY_IMAGE], &[])).len() == 1);
+        assert_eq!(checked(&c, &open).len(), 1);
+        assert!(checked(&c, &config(&[ANY_IMAGE], &[])).len() == 1);
     }
 
     #[test]
@@ -688,7 +667,7 @@ mod tests {
             {"volumeSource": {"hostPath": {"path": "/var/lib/kok-etcd/../../etc"}}}
         ))
         .expect("storage");
-        let refused = check(&c, &config(&[], &["/var/lib/kok-etcd"]));
+        let refused = checked(&c, &config(&[], &["/var/lib/kok-etcd"]));
         assert_eq!(refused.len(), 1);
         assert_eq!(refused[0].reason, HOST_PATH_NOT_ALLOWED);
         assert_eq!(
@@ -699,8 +678,8 @@ mod tests {
             {"volumeSource": {"hostPath": {"path": "/var/lib/kok-etcd/tenant/c"}}}
         ))
         .expect("storage");
-        assert!(check(&c, &config(&[], &["/var/lib/kok-etcd"])).is_empty());
-        let none = check(&c, &config(&[], &[]));
+        assert!(checked(&c, &config(&[], &["/var/lib/kok-etcd"])).is_empty());
+        let none = checked(&c, &config(&[], &[]));
         assert!(none[0].message.contains(HOST_PATHS_FLAG), "{}", none[0]);
     }
 

@@ -1,12 +1,65 @@
 //! The versions and images a Cluster's spec asks for, resolved with the
-//! operator's defaults, and the rules for moving a running component from
-//! one version to another. Pure functions: the etcd step, the control-plane
-//! step and the image policy read them alike.
+//! operator's defaults ([`Resolved`], computed once per pass), and the rules
+//! for moving a running component from one version to another. Pure
+//! functions: the image policy, the etcd step and the control-plane step
+//! read the same [`Resolved`].
 
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::ComponentSpec;
 
 use crate::config::Config;
+use crate::names::{Component, display_name};
+
+/// One component's image and version, as the spec asks for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    pub image: String,
+    pub version: String,
+}
+
+/// What the Cluster's spec asks each component to run, the operator's
+/// defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The Cluster's Kubernetes version (`spec.version`).
+    pub version: String,
+    pub etcd: Wanted,
+    pub api_server: Wanted,
+    pub controller_manager: Wanted,
+    pub scheduler: Wanted,
+}
+
+impl Resolved {
+    /// The spec of `cluster` resolved with `config`.
+    pub fn of(cluster: &Cluster, config: &Config) -> Resolved {
+        let spec = &cluster.spec;
+        let stateless = |component: Component, of: &ComponentSpec| Wanted {
+            image: component_image(&config.registry, display_name(component), of, &spec.version),
+            version: of.version.clone().unwrap_or_else(|| spec.version.clone()),
+        };
+        Resolved {
+            version: spec.version.clone(),
+            etcd: Wanted {
+                image: etcd_image(cluster, config),
+                version: etcd_version(cluster, config),
+            },
+            api_server: stateless(Component::ApiServer, &spec.api_server.component),
+            controller_manager: stateless(Component::ControllerManager, &spec.controller_manager),
+            scheduler: stateless(Component::Scheduler, &spec.scheduler),
+        }
+    }
+
+    /// What `component` is to run; kube-apiserver's for the components
+    /// that take its image (none does today but the three and etcd).
+    pub fn component(&self, component: Component) -> &Wanted {
+        match component {
+            Component::Etcd => &self.etcd,
+            Component::ControllerManager => &self.controller_manager,
+            Component::Scheduler => &self.scheduler,
+            _ => &self.api_server,
+        }
+    }
+}
 
 /// The image the spec asks for one component: its own image, else the
 /// registry's image at its own version or the cluster's.
@@ -120,6 +173,40 @@ fn check_change(what: &str, v: &str, from: &str, to: &str) -> Result<(), String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spec_is_resolved_with_the_defaults() {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+                .expect("example");
+        let config = Config::default();
+        c.spec.version = "1.35.4".into();
+        c.spec.etcd.component.version = None;
+        c.spec.etcd.component.image = None;
+        c.spec.scheduler.version = Some("1.35.3".into());
+        c.spec.controller_manager.image = Some("mirror/kcm:x".into());
+        let r = Resolved::of(&c, &config);
+        assert_eq!(r.version, "1.35.4");
+        assert_eq!(r.etcd.version, config.etcd_version);
+        assert_eq!(
+            r.etcd.image,
+            format!("registry.k8s.io/etcd:{}-0", config.etcd_version)
+        );
+        assert_eq!(
+            r.component(Component::ApiServer).image,
+            "registry.k8s.io/kube-apiserver:v1.35.4"
+        );
+        assert_eq!(r.component(Component::Scheduler).version, "1.35.3");
+        assert_eq!(
+            r.component(Component::Scheduler).image,
+            "registry.k8s.io/kube-scheduler:v1.35.3"
+        );
+        assert_eq!(
+            r.component(Component::ControllerManager).image,
+            "mirror/kcm:x"
+        );
+        assert_eq!(r.component(Component::ControllerManager).version, "1.35.4");
+    }
 
     const OLD: &str = "registry.k8s.io/kube-apiserver:v1.35.3";
 

@@ -14,17 +14,16 @@ use kok_common::conditions::Status;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::ComponentSpec;
 use kube_on_kube_api::shared::COMPONENT_LABEL;
 
 use self::upgrade::{Live, Plan, Step};
 use crate::Error;
 use crate::applied::generation;
 use crate::context::{Pass, apply_if_changed, hash_of, publish};
-use crate::names::{Component, Names, display_name};
+use crate::names::{Component, Names};
 use crate::render::addons::Konnectivity;
 use crate::render::control_plane::{self as render, PodInputs};
-use crate::versions::component_image;
+use crate::versions::Resolved;
 use kube_on_kube_api::cluster::PROGRESSING;
 
 /// What the step applied, and the plan behind it.
@@ -34,15 +33,6 @@ pub struct Outcome {
     pub controller_manager: Deployment,
     pub scheduler: Deployment,
     pub plan: Plan,
-}
-
-fn component_spec(cluster: &Cluster, component: Component) -> &ComponentSpec {
-    let spec = &cluster.spec;
-    match component {
-        Component::ControllerManager => &spec.controller_manager,
-        Component::Scheduler => &spec.scheduler,
-        _ => &spec.api_server.component,
-    }
 }
 
 /// The config hash a Deployment's Pods were made with.
@@ -140,7 +130,7 @@ fn previous_versions(cluster: &Cluster) -> Vec<Option<String>> {
 pub fn inputs(
     cluster: &Cluster,
     names: &Names,
-    registry: &str,
+    resolved: &Resolved,
     deployments: &BTreeMap<String, Deployment>,
     pods: &[Pod],
     etcd_settled: bool,
@@ -149,25 +139,21 @@ pub fn inputs(
     upgrade::Inputs {
         etcd_settled,
         etcd_version: etcd_version.to_string(),
-        steps: steps(cluster, registry, pods, |c| {
-            deployments.get(&names.deployment(c))
-        }),
+        steps: steps(resolved, pods, |c| deployments.get(&names.deployment(c))),
         was_upgrading: was_upgrading(cluster),
     }
 }
 
 /// Each component's step, with its live Deployment as `deployment` gives it.
 fn steps<'a>(
-    cluster: &Cluster,
-    registry: &str,
+    resolved: &Resolved,
     pods: &[Pod],
     deployment: impl Fn(Component) -> Option<&'a Deployment>,
 ) -> Vec<Step> {
-    let version = &cluster.spec.version;
     upgrade::ORDER
         .iter()
         .map(|&component| {
-            let spec = component_spec(cluster, component);
+            let wanted = resolved.component(component);
             let terminating = pods
                 .iter()
                 .filter(|p| {
@@ -182,8 +168,8 @@ fn steps<'a>(
                 .count();
             Step {
                 component,
-                desired_image: component_image(registry, display_name(component), spec, version),
-                desired_version: spec.version.clone().unwrap_or_else(|| version.clone()),
+                desired_image: wanted.image.clone(),
+                desired_version: wanted.version.clone(),
                 live: deployment(component).and_then(|d| Live::of(d, terminating)),
             }
         })
@@ -214,6 +200,7 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
         ctx,
         cluster,
         names,
+        resolved,
         secrets,
         deployments,
         pods,
@@ -231,7 +218,7 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
     let inputs = inputs(
         cluster,
         names,
-        &ctx.config.registry,
+        resolved,
         deployments,
         pods,
         etcd_settled,
@@ -272,9 +259,8 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
     let controller_manager = apply_one(Component::ControllerManager).await?;
     let scheduler = apply_one(Component::Scheduler).await?;
     let after = steps_after_apply(
-        cluster,
+        resolved,
         names,
-        &ctx.config.registry,
         deployments,
         &[
             apiserver.as_ref(),
@@ -307,9 +293,8 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
 /// judged from them too: a version read before the applies could lag the
 /// readiness shown beside it.
 fn steps_after_apply(
-    cluster: &Cluster,
+    resolved: &Resolved,
     names: &Names,
-    registry: &str,
     read: &BTreeMap<String, Deployment>,
     applied: &[Option<&Deployment>],
     pods: &[Pod],
@@ -323,12 +308,13 @@ fn steps_after_apply(
             .copied()
             .or_else(|| read.get(&name))
     };
-    steps(cluster, registry, pods, latest)
+    steps(resolved, pods, latest)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::display_name;
 
     #[test]
     fn only_a_new_apiserver_waits_for_etcd() {
@@ -398,14 +384,8 @@ mod tests {
                 .find(|(x, _)| *x == c)
                 .and_then(|(_, v)| v.clone())
         };
-        let before = upgrade::running(&steps_after_apply(
-            &cluster,
-            &names,
-            "registry.k8s.io",
-            &read,
-            &[],
-            &[],
-        ));
+        let resolved = Resolved::of(&cluster, &crate::config::Config::default());
+        let before = upgrade::running(&steps_after_apply(&resolved, &names, &read, &[], &[]));
         assert_eq!(version_of(&before, Component::ApiServer), None);
         assert_eq!(
             version_of(&before, Component::Scheduler).as_deref(),
@@ -414,9 +394,8 @@ mod tests {
         // Its apply answered with all 3 ready: that is what the status shows.
         let applied = deployment(&names, Component::ApiServer, &version, 3);
         let after = upgrade::running(&steps_after_apply(
-            &cluster,
+            &resolved,
             &names,
-            "registry.k8s.io",
             &read,
             &[Some(&applied), None],
             &[],

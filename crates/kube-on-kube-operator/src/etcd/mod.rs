@@ -39,7 +39,7 @@ use crate::context::{Context, Pass, apply_if_changed, hash_of, list, publish};
 use crate::names::Names;
 use crate::render::CONFIG_HASH_ANNOTATION;
 use crate::render::etcd::{self as render, MemberPod};
-use crate::versions::{check_etcd_version_change, etcd_image, etcd_version};
+use crate::versions::{Resolved, check_etcd_version_change};
 
 /// Field manager of the recorded change (`status.etcdChange`), apart from the
 /// one of the rest of the status, so each write leaves the other's fields be.
@@ -80,8 +80,8 @@ pub struct Target {
 /// for, unless moving there from `settled` (the version every member ran
 /// when etcd last settled) skips or goes back a minor version; then the ones
 /// the members run.
-pub fn target(cluster: &Cluster, config: &Config, settled: Option<&str>, pods: &[Pod]) -> Target {
-    let version = etcd_version(cluster, config);
+pub fn target(resolved: &Resolved, config: &Config, settled: Option<&str>, pods: &[Pod]) -> Target {
+    let version = resolved.etcd.version.clone();
     let refused = settled.and_then(|from| {
         check_etcd_version_change(from, &version)
             .err()
@@ -89,7 +89,7 @@ pub fn target(cluster: &Cluster, config: &Config, settled: Option<&str>, pods: &
     });
     match refused {
         None => Target {
-            image: etcd_image(cluster, config),
+            image: resolved.etcd.image.clone(),
             version,
             refused: None,
         },
@@ -497,7 +497,12 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
     let pods: Vec<Pod> = pods.iter().filter(|p| is_member(p)).cloned().collect();
     // A version change etcd cannot take is refused: the members keep the
     // version and image they run, so nothing rolls.
-    let target = target(cluster, &ctx.config, previous_version.as_deref(), &pods);
+    let target = target(
+        pass.resolved,
+        &ctx.config,
+        previous_version.as_deref(),
+        &pods,
+    );
     let (version, image) = (target.version.clone(), target.image.clone());
     let claims: Vec<PersistentVolumeClaim> = if uses_claims {
         list(ctx, &claims_api, names).await?

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
-use crate::versions::etcd_image;
+use crate::versions::{Resolved, etcd_image, etcd_version};
 
 fn names() -> Names {
     Names {
@@ -471,7 +471,7 @@ fn a_refused_etcd_version_keeps_what_the_members_run() {
         ("3.5.10", false), // patch downgrade: same data format
     ] {
         c.spec.etcd.component.version = Some(to.into());
-        let t = target(&c, &config, Some("3.5.21"), &pods);
+        let t = target(&Resolved::of(&c, &config), &config, Some("3.5.21"), &pods);
         assert_eq!(t.refused.is_some(), refused, "{to}: {t:?}");
         if refused {
             assert_eq!(t.version, "3.5.21");
@@ -483,5 +483,9 @@ fn a_refused_etcd_version_keeps_what_the_members_run() {
     }
     // Nothing settled yet: whatever the Cluster asks.
     c.spec.etcd.component.version = Some("3.7.1".into());
-    assert!(target(&c, &config, None, &pods).refused.is_none());
+    assert!(
+        target(&Resolved::of(&c, &config), &config, None, &pods)
+            .refused
+            .is_none()
+    );
 }
