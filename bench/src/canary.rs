@@ -44,7 +44,7 @@ use serde_json::json;
 
 use crate::measure::median;
 use crate::packages::{self, HEALTH_FAILURES, Package};
-use crate::peer::{Ansible, Tool, playbook};
+use crate::peer::{Ansible, AnsibleArgs, Tool, playbook};
 use crate::provision::install_all;
 
 const MANAGER: &str = "kok-bench";
@@ -79,10 +79,9 @@ pub struct Args {
     /// as its best users run it (see `bench/src/peer.rs`).
     #[arg(long, value_delimiter = ',', default_values_t = ["node-operator".to_string(), "ansible".to_string(), "mitogen".to_string()])]
     pub tools: Vec<String>,
-    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one,
-    /// with Mitogen).
-    #[arg(long, env = "ANSIBLE_PLAYBOOK")]
-    pub ansible_playbook: Option<PathBuf>,
+    /// Where Ansible is, and its strategy.
+    #[command(flatten)]
+    pub ansible: AnsibleArgs,
     /// Install the first versions on Ansible's hosts with provision.yml and
     /// report its time, rather than with node-operator's installer (the same
     /// files on the hosts, in a fraction of the time). Provisioning itself is
@@ -108,7 +107,7 @@ struct Sample {
 /// Runs the benchmark and prints (and optionally appends) the table.
 pub async fn run(args: Args) -> Result<()> {
     let tools = Tool::parse_all(&args.tools)?;
-    let ansible = Ansible::find(args.ansible_playbook.as_deref())?;
+    let ansible = Ansible::find(&args.ansible)?;
     let mut samples: Vec<(usize, Tool, Sample)> = Vec::new();
     for run in 0..args.runs {
         for tool in Tool::rotation(&tools, run) {
@@ -598,12 +597,13 @@ fn table(args: &Args, tools: &[Tool], samples: &[(usize, Tool, Sample)]) -> Stri
         }
     };
     let mut out = format!(
-        "\n### Upgrade throughput and halting a bad version: {} hosts, maxUnavailable {} ({} hosts), median of {} runs\n\n\
+        "\n### Upgrade throughput and halting a bad version: {} hosts, maxUnavailable {} ({} hosts), Ansible strategy {}, median of {} runs\n\n\
          | tool | provision s | upgrade s | Machines/min | most unavailable (any run) | first failure → halt s | hosts switched to the bad version |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
         args.hosts,
         args.max_unavailable,
         batch_size(&args.max_unavailable, args.hosts),
+        args.ansible.ansible_strategy,
         args.runs
     );
     for tool in tools {

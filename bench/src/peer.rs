@@ -8,7 +8,8 @@
 //!   the local network, where compressing costs CPU and saves nothing),
 //!   strict host-key checking as in production, and the `free` strategy
 //!   (each host runs through its tasks without waiting for the slowest one
-//!   at every task).
+//!   at every task; `--ansible-strategy linear` runs Ansible's default one
+//!   instead).
 //! - **Ansible + Mitogen** (`mitogen` from PyPI, the same virtualenv): the
 //!   same settings, with Mitogen's `mitogen_free` strategy, which replaces
 //!   Ansible's per-task SSH and module transfer with one persistent Python
@@ -80,21 +81,37 @@ impl Tool {
     }
 }
 
-/// The installed Ansible: its `ansible-playbook` and Mitogen's strategy
-/// plugins.
+/// The flags every benchmark with an Ansible peer takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AnsibleArgs {
+    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one,
+    /// with Mitogen).
+    #[arg(long, env = "ANSIBLE_PLAYBOOK")]
+    pub ansible_playbook: Option<PathBuf>,
+    /// Ansible's strategy, for both peers: `free` (each host runs through
+    /// its tasks on its own; `mitogen_free` with Mitogen) or `linear` (all
+    /// hosts task by task; `mitogen_linear`).
+    #[arg(long, default_value = "free", value_parser = ["free", "linear"])]
+    pub ansible_strategy: String,
+}
+
+/// The installed Ansible: its `ansible-playbook`, Mitogen's strategy
+/// plugins, and the strategy to run.
 #[derive(Clone, Debug)]
 pub struct Ansible {
     pub playbook: PathBuf,
     pub mitogen_strategies: PathBuf,
+    /// `free` or `linear`.
+    pub strategy: String,
 }
 
 impl Ansible {
     /// The virtualenv `bench/setup-ansible.sh` makes (installing it the
-    /// first time), or `playbook` when given; Mitogen from the same
-    /// virtualenv.
-    pub fn find(playbook: Option<&Path>) -> Result<Ansible> {
-        let playbook = match playbook {
-            Some(p) => p.to_path_buf(),
+    /// first time), or the `ansible-playbook` the flags name; Mitogen from
+    /// the same virtualenv.
+    pub fn find(args: &AnsibleArgs) -> Result<Ansible> {
+        let playbook = match &args.ansible_playbook {
+            Some(p) => p.clone(),
             None => setup()?,
         };
         let python = playbook.with_file_name("python3");
@@ -116,6 +133,7 @@ impl Ansible {
         Ok(Ansible {
             playbook,
             mitogen_strategies: dir.join("plugins").join("strategy"),
+            strategy: args.ansible_strategy.clone(),
         })
     }
 }
@@ -169,8 +187,8 @@ impl PlaybookRun {
 /// documentation), its temporary files under `work`.
 fn environment(tool: Tool, ansible: &Ansible, work: &Path) -> Result<Vec<(&'static str, String)>> {
     let strategy = match tool {
-        Tool::Ansible => "free",
-        Tool::Mitogen => "mitogen_free",
+        Tool::Ansible => ansible.strategy.clone(),
+        Tool::Mitogen => format!("mitogen_{}", ansible.strategy),
         Tool::NodeOperator => bail!("node-operator runs no playbook"),
     };
     let mut env = vec![
@@ -180,7 +198,7 @@ fn environment(tool: Tool, ansible: &Ansible, work: &Path) -> Result<Vec<(&'stat
             "ANSIBLE_SSH_ARGS",
             "-o ControlMaster=auto -o ControlPersist=300s".to_string(),
         ),
-        ("ANSIBLE_STRATEGY", strategy.to_string()),
+        ("ANSIBLE_STRATEGY", strategy),
         ("ANSIBLE_LOCAL_TEMP", work.join("tmp").display().to_string()),
         (
             "ANSIBLE_SSH_CONTROL_PATH_DIR",
@@ -317,9 +335,10 @@ mod tests {
 
     #[test]
     fn peers_run_without_compression_and_with_their_strategy() {
-        let ansible = Ansible {
+        let mut ansible = Ansible {
             playbook: "/venv/bin/ansible-playbook".into(),
             mitogen_strategies: "/venv/mitogen/strategy".into(),
+            strategy: "free".into(),
         };
         let work = Path::new("/w");
         let plain = environment(Tool::Ansible, &ansible, work).unwrap();
@@ -340,5 +359,11 @@ mod tests {
             Some("/venv/mitogen/strategy")
         );
         assert!(environment(Tool::NodeOperator, &ansible, work).is_err());
+        ansible.strategy = "linear".into();
+        let linear = environment(Tool::Mitogen, &ansible, work).unwrap();
+        assert_eq!(
+            get(&linear, "ANSIBLE_STRATEGY").as_deref(),
+            Some("mitogen_linear")
+        );
     }
 }

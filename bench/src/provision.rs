@@ -21,7 +21,7 @@ use node_operator::ssh::{Session, Target, Timeouts};
 
 use crate::measure::{Cost, Meter, median};
 use crate::packages::{self, Package};
-use crate::peer::{Ansible, Tool, playbook};
+use crate::peer::{Ansible, AnsibleArgs, Tool, playbook};
 
 /// Flags of `kok-bench provision`.
 #[derive(clap::Args, Debug)]
@@ -42,10 +42,9 @@ pub struct Args {
     /// as its best users run it (see `bench/src/peer.rs`).
     #[arg(long, value_delimiter = ',', default_values_t = ["node-operator".to_string(), "ansible".to_string(), "mitogen".to_string()])]
     pub tools: Vec<String>,
-    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one,
-    /// with Mitogen).
-    #[arg(long, env = "ANSIBLE_PLAYBOOK")]
-    pub ansible_playbook: Option<PathBuf>,
+    /// Where Ansible is, and its strategy.
+    #[command(flatten)]
+    pub ansible: AnsibleArgs,
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -62,7 +61,7 @@ struct Run {
 /// Runs the benchmark and prints (and optionally appends) the table.
 pub async fn run(args: Args) -> Result<()> {
     let tools = Tool::parse_all(&args.tools)?;
-    let ansible = Ansible::find(args.ansible_playbook.as_deref())?;
+    let ansible = Ansible::find(&args.ansible)?;
     let mut results: Vec<Run> = Vec::new();
     for run in 0..args.runs {
         let mut order: Vec<Option<Tool>> = vec![None];
@@ -227,13 +226,14 @@ fn table(args: &Args, tools: &[Tool], results: &[Run]) -> String {
     let bytes = results.first().map_or(0, |r| r.bytes_per_host);
     let floor = pick(None, &|r| r.cost.wall_s);
     let mut out = format!(
-        "\n### Node provisioning: {} hosts, {} at once, 3 packages of {} MiB ({:.1} MiB per host), median of {} runs\n\n\
+        "\n### Node provisioning: {} hosts, {} at once, 3 packages of {} MiB ({:.1} MiB per host), Ansible strategy {}, median of {} runs\n\n\
          | tool | wall s | share of the transfer floor | CPU s (controller) | CPU s (rest of the machine: hosts, sshd) | CPU s (machine) |\n\
          |---|---:|---:|---:|---:|---:|\n",
         args.hosts,
         args.parallel,
         args.payload_mib,
         bytes as f64 / (1024.0 * 1024.0),
+        args.ansible.ansible_strategy,
         args.runs
     );
     let row = |label: &str, tool: Option<Tool>| {

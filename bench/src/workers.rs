@@ -28,7 +28,7 @@ use kube_on_kube_api::Machine;
 
 use crate::fleet::process_cpu_seconds;
 use crate::measure::{Meter, median};
-use crate::peer::{Ansible, Tool, playbook};
+use crate::peer::{Ansible, AnsibleArgs, Tool, playbook};
 use site::Site;
 use timeline::Timeline;
 
@@ -50,9 +50,9 @@ pub struct Args {
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
-    /// The `ansible-playbook` to run (`bench/setup-ansible.sh` installs one).
-    #[arg(long, env = "ANSIBLE_PLAYBOOK")]
-    pub ansible_playbook: Option<PathBuf>,
+    /// Where Ansible is, and its strategy.
+    #[command(flatten)]
+    pub ansible: AnsibleArgs,
     /// The kube-on-kube-operator's log filter; the node-operator logs at
     /// `info`. Their logs are kept under `target/testenv-logs/`.
     #[arg(long, default_value = "info")]
@@ -97,7 +97,7 @@ struct Run {
 pub async fn run(args: Args) -> Result<()> {
     let tools = Tool::parse_all(&args.tools)?;
     let ansible = if tools.iter().any(|t| *t != Tool::NodeOperator) {
-        Some(Ansible::find(args.ansible_playbook.as_deref())?)
+        Some(Ansible::find(&args.ansible)?)
     } else {
         None
     };
@@ -513,10 +513,11 @@ fn table(args: &Args, n: usize, tools: &[Tool], runs: &[Run], cluster_ready_s: f
         runs.iter().filter(|r| r.tool == tool).map(f).collect()
     };
     let mut out = format!(
-        "\n### Worker nodes: Machines applied → Node Ready → Pods, {n} real hosts at once, {} runs of each tool\n\n\
+        "\n### Worker nodes: Machines applied → Node Ready → Pods, {n} real hosts at once, Ansible strategy {}, {} runs of each tool\n\n\
          Seconds from applying the Machines (starting the playbook), per worker: median / p90 / max over {} workers.\n\n\
          | tool | Node Ready s | first Pod Running s | workload Pod Ready s | all {n} ready s | CPU s (tool) | CPU s (hosts) | artifacts MiB per host | images MiB per host | received MiB per host |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        args.ansible.ansible_strategy,
         args.runs,
         args.runs * n
     );
