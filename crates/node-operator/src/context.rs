@@ -124,6 +124,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Context {
+    /// One of the SSH slots that bound how many hosts are worked on at
+    /// once; held for as long as the visit lasts.
+    pub async fn ssh_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Error> {
+        self.ssh_slots
+            .acquire()
+            .await
+            .map_err(|_| Error::LocalIo(std::io::Error::other("SSH slots closed")))
+    }
+
     /// A context for `client`.
     pub fn new(client: Client, settings: Settings, remediations: Remediations) -> Self {
         let reporter = Reporter {

@@ -270,11 +270,7 @@ async fn converge(
     };
 
     let target = ssh_target(&ctx.client, &ctx.settings.ssh_key_namespaces, machine).await?;
-    let _slot = ctx
-        .ssh_slots
-        .acquire()
-        .await
-        .map_err(|_| Error::LocalIo(std::io::Error::other("SSH slots closed")))?;
+    let _slot = ctx.ssh_slot().await?;
     let session = match ctx
         .sessions
         .get(&name, &target, ctx.settings.ssh_timeouts)

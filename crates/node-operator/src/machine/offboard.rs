@@ -206,11 +206,7 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
     }
     let removals = removals(&installed, &specs);
     let target = ssh_target(&ctx.client, &ctx.settings.ssh_key_namespaces, machine).await?;
-    let _slot = ctx
-        .ssh_slots
-        .acquire()
-        .await
-        .map_err(|_| Error::LocalIo(std::io::Error::other("SSH slots closed")))?;
+    let _slot = ctx.ssh_slot().await?;
     let session = ctx
         .sessions
         .get(&machine.name_any(), &target, ctx.settings.ssh_timeouts)
