@@ -569,7 +569,6 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         &control_plane::Prior {
             etcd_settled,
             etcd_serving: etcd_report.ready,
-            etcd_version: &etcd_version,
             pki_held: certificates_held.is_some(),
             advertise: advertise.as_deref(),
             konnectivity: konnectivity.as_ref(),

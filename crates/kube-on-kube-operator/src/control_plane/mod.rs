@@ -134,11 +134,10 @@ pub fn inputs(
     deployments: &BTreeMap<String, Deployment>,
     pods: &[Pod],
     etcd_settled: bool,
-    etcd_version: &str,
 ) -> upgrade::Inputs {
     upgrade::Inputs {
         etcd_settled,
-        etcd_version: etcd_version.to_string(),
+        etcd_version: resolved.etcd.version.clone(),
         steps: steps(resolved, pods, |c| deployments.get(&names.deployment(c))),
         was_upgrading: was_upgrading(cluster),
     }
@@ -183,8 +182,6 @@ pub struct Prior<'a> {
     pub etcd_settled: bool,
     /// How many etcd members serve.
     pub etcd_serving: i32,
-    /// The etcd version the Cluster asks for.
-    pub etcd_version: &'a str,
     /// A certificate authority or the service-account key is held (see
     /// [`crate::pki::authorities`]).
     pub pki_held: bool,
@@ -209,21 +206,12 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
     let Prior {
         etcd_settled,
         etcd_serving,
-        etcd_version,
         pki_held,
         advertise,
         konnectivity,
     } = *prior;
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let inputs = inputs(
-        cluster,
-        names,
-        resolved,
-        deployments,
-        pods,
-        etcd_settled,
-        etcd_version,
-    );
+    let inputs = inputs(cluster, names, resolved, deployments, pods, etcd_settled);
     let plan = upgrade::plan(&inputs);
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();
