@@ -47,6 +47,15 @@
 #   registry.k8s.io/e2e-test-images/nonewprivs:1.3
 #                                            test/images/nonewprivs/nnp.go, set-user-ID root
 #
+# With --kubeadm, also the control-plane images `kubeadm init` of $K8S_VERSION
+# runs as static Pods (the cluster benchmark's peer):
+#
+#   registry.k8s.io/kube-apiserver:v1.35.4, kube-controller-manager:v1.35.4,
+#   kube-scheduler:v1.35.4                   k8s.io/kubernetes/cmd/<name> in /usr/local/bin,
+#                                            alone on an empty base, as upstream's distroless
+#                                            images carry them
+#   registry.k8s.io/etcd:3.6.6-0             as with --e2e
+#
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
 # both). Each image `<host>/<repo>:<tag>` is stored as the repository
@@ -120,12 +129,19 @@ SAMPLE_APISERVER_TAG=1.29.2
 NONEWPRIVS_TAG=1.3
 E2E_ETCD_VERSION=3.6.6
 e2e=no
+kubeadm=no
 for arg in "$@"; do
   case $arg in
     --e2e) e2e=yes ;;
-    *) echo "unknown argument $arg (--e2e)" >&2; exit 2 ;;
+    --kubeadm) kubeadm=yes ;;
+    *) echo "unknown argument $arg (--e2e, --kubeadm)" >&2; exit 2 ;;
   esac
 done
+CONTROL_PLANE=(kube-apiserver kube-controller-manager kube-scheduler)
+if [ $kubeadm = yes ]; then
+  for b in "${CONTROL_PLANE[@]}"; do wanted+=("registry.k8s.io/$b:$K8S_VERSION"); done
+  wanted+=("registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")
+fi
 if [ $e2e = yes ]; then
   wanted+=("registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG"
     "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG"
@@ -281,7 +297,10 @@ k8s_wrapper() {
 package tools
 
 import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/test/images/agnhost"
 )
 GO
@@ -361,8 +380,10 @@ build_coredns() {
 # --- kube-proxy ---------------------------------------------------------------
 # Upstream's is distroless-iptables: kube-proxy in /usr/local/bin with the
 # iptables (legacy and nft), nftables, conntrack, ipset and kmod userspace.
-build_kube_proxy() {
-  local stage="$dir/src/kube-proxy" pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version
+# k8s_build name dir: k8s.io/kubernetes/cmd/<name> of $K8S_VERSION, its version
+# stamped as a release build's, into dir/usr/local/bin.
+k8s_build() {
+  local pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version
   local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
   local ld="-s -w" p
   for p in $pkg $cg; do
@@ -370,13 +391,28 @@ build_kube_proxy() {
     ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z -X $p.gitCommit=0000000000000000000000000000000000000000"
   done
   k8s_wrapper
-  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin"
-  log "building kube-proxy $K8S_VERSION"
-  (cd "$k8s_src" && gobuild build -trimpath -ldflags "$ld" -o "$stage/root/usr/local/bin/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy)
+  rm -rf "$2" && mkdir -p "$2/usr/local/bin"
+  log "building $1 $K8S_VERSION"
+  (cd "$k8s_src" && gobuild build -trimpath -ldflags "$ld" -o "$2/usr/local/bin/$1" "k8s.io/kubernetes/cmd/$1")
+}
+build_kube_proxy() {
+  local stage="$dir/src/kube-proxy"
+  k8s_build kube-proxy "$stage/root"
   layer "$dir/layers/kube-proxy-$K8S_VERSION.tar" "$stage/root"
   rootfs "$dir/layers/kube-proxy-base.tar" iptables,nftables,conntrack,ipset,kmod
   push "registry.k8s.io/kube-proxy:$K8S_VERSION" \
     -- "$dir/layers/kube-proxy-base.tar" "$dir/layers/kube-proxy-$K8S_VERSION.tar"
+}
+
+# --- the control plane (--kubeadm) -----------------------------------------------
+# Upstream's are distroless: the static binary in /usr/local/bin, which
+# kubeadm's static Pods run by name.
+build_control_plane() { # name
+  local stage="$dir/src/$1"
+  k8s_build "$1" "$stage/root"
+  layer "$dir/layers/$1-$K8S_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/$1:$K8S_VERSION" --env PATH=/usr/local/bin:/usr/bin:/bin \
+    -- "$dir/layers/$1-$K8S_VERSION.tar"
 }
 
 # --- kube-router ----------------------------------------------------------------
@@ -604,6 +640,13 @@ if [ $e2e = yes ]; then
   [ -s "$(marker "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG")" ] || timed sample-apiserver build_sample_apiserver
   [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_e2e_etcd
   [ -s "$(marker "registry.k8s.io/e2e-test-images/nonewprivs:$NONEWPRIVS_TAG")" ] || timed nonewprivs build_nonewprivs
+fi
+
+if [ $kubeadm = yes ]; then
+  for b in "${CONTROL_PLANE[@]}"; do
+    [ -s "$(marker "registry.k8s.io/$b:$K8S_VERSION")" ] || timed "$b" build_control_plane "$b"
+  done
+  [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_e2e_etcd
 fi
 
 have_all || die "some images are missing"

@@ -11,7 +11,8 @@
 # also builds the upstream end-to-end suite of the pinned release (e2e.test,
 # `go test -c k8s.io/kubernetes/test/e2e` through the same wrapper module) and
 # the ginkgo CLI of the version that release requires, which runs it in
-# parallel as Sonobuoy does.
+# parallel as Sonobuoy does. With --kubeadm it also builds kubeadm of the pinned
+# release, which `kok-bench cluster` runs as the peer of a Cluster with nodes.
 #
 # Idempotent: when every binary for the pinned versions is already in the cache,
 # it prints the directory and exits without building.
@@ -19,6 +20,7 @@
 #   scripts/testenv-bins.sh          # build if needed, print the bin directory
 #   scripts/testenv-bins.sh --kubelet-next   # also the next kubelet release
 #   scripts/testenv-bins.sh --e2e            # also e2e.test and ginkgo
+#   scripts/testenv-bins.sh --kubeadm        # also kubeadm (the cluster benchmark's peer)
 #   KOK_TESTENV_DIR=/some/dir scripts/testenv-bins.sh
 set -euo pipefail
 
@@ -44,11 +46,13 @@ wanted=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl et
   "kube-scheduler-$K8S_FROM_VERSION" "etcd-$ETCD_FROM_VERSION")
 kubelet_next=no
 e2e=no
+kubeadm=no
 for arg in "$@"; do
   case $arg in
     --kubelet-next) kubelet_next=yes; wanted+=("kubelet-$KUBELET_NEXT_VERSION") ;;
     --e2e) e2e=yes; wanted+=(e2e.test ginkgo) ;;
-    *) echo "unknown argument $arg (--kubelet-next, --e2e)" >&2; exit 2 ;;
+    --kubeadm) kubeadm=yes; wanted+=(kubeadm) ;;
+    *) echo "unknown argument $arg (--kubelet-next, --e2e, --kubeadm)" >&2; exit 2 ;;
   esac
 done
 
@@ -112,6 +116,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubeadm"
 )
 GO
   (cd "$src" && go mod tidy >&2)
@@ -240,6 +245,7 @@ build_kubernetes "$K8S_VERSION" "" kube-apiserver kube-controller-manager kube-s
 build_kubernetes "$K8S_FROM_VERSION" "-$K8S_FROM_VERSION" kube-apiserver kube-controller-manager kube-scheduler
 [ $kubelet_next = no ] || build_kubernetes "$KUBELET_NEXT_VERSION" "-$KUBELET_NEXT_VERSION" kubelet
 [ $e2e = no ] || build_e2e "$K8S_VERSION"
+[ $kubeadm = no ] || build_kubernetes "$K8S_VERSION" "" kubeadm
 
 have_all || { echo "some binaries are missing in $bin" >&2; exit 1; }
 took=$(( $(date +%s) - start ))
