@@ -1,6 +1,7 @@
 //! `kok-bench`: the benchmarks of `bench/README.md`, one subcommand each.
 
 mod canary;
+mod cluster;
 mod controlplane;
 mod fleet;
 mod measure;
@@ -46,6 +47,10 @@ enum Command {
     /// Ansible playbook: per worker, applied → Node Ready → first Pods
     /// Running, and the bytes each host moved.
     Workers(workers::Args),
+    /// From nothing to a workload on N real worker nodes: a Cluster and N
+    /// Machines with kube-on-kube, against `kubeadm init` and `kubeadm join`
+    /// on SSH test hosts of the same kind.
+    Cluster(cluster::Args),
 }
 
 #[tokio::main]
@@ -58,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Controlplane(args) => controlplane::run(args).await,
         Command::Steady(args) => steady::run(args).await,
         Command::Workers(args) => workers::run(args).await,
+        Command::Cluster(args) => cluster::run(args).await,
     }
 }
 

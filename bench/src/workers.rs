@@ -13,8 +13,8 @@
 //! received (its `eth0`).
 
 mod peer;
-mod site;
-mod timeline;
+pub(crate) mod site;
+pub(crate) mod timeline;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -64,11 +64,11 @@ pub struct Args {
 
 /// One worker of one run, in seconds from the start and bytes.
 #[derive(Clone, Debug)]
-struct Worker {
-    ready_s: f64,
-    first_pod_s: f64,
+pub(crate) struct Worker {
+    pub(crate) ready_s: f64,
+    pub(crate) first_pod_s: f64,
     first_pod: String,
-    workload_s: f64,
+    pub(crate) workload_s: f64,
     artifact_bytes: u64,
     image_bytes: u64,
     received_bytes: u64,
@@ -76,21 +76,24 @@ struct Worker {
 
 /// One run of one tool.
 #[derive(Clone, Debug)]
-struct Run {
+pub(crate) struct Run {
     tool: Tool,
     hosts: usize,
     /// Until every worker's workload Pod was Ready.
     all_s: f64,
     /// CPU of the tool until then: node-operator's process and its ssh
     /// clients, or `ansible-playbook` and its workers (NaN when unknown).
-    tool_cpu_s: f64,
+    pub(crate) tool_cpu_s: f64,
     /// CPU of everything on the hosts until then.
-    hosts_cpu_s: f64,
+    pub(crate) hosts_cpu_s: f64,
     /// CPU of the whole machine, whoever used it.
     machine_cpu_s: f64,
     /// When `ansible-playbook` exited.
     play_s: Option<f64>,
-    workers: Vec<Worker>,
+    /// When the add-ons were Ready on every worker and CoreDNS available
+    /// (after the workloads; off the clock of `all_s`).
+    pub(crate) addons_s: f64,
+    pub(crate) workers: Vec<Worker>,
 }
 
 /// Runs the benchmark and prints (and optionally appends) the tables.
@@ -145,7 +148,7 @@ const INOTIFY_PER_HOST: u64 = 12;
 /// of inotify instances (128 by default), which every real host has for
 /// itself. Past it kube-proxy exits with "too many open files" and kubelets
 /// fail, so a run that would pass it is refused before it starts.
-fn check_inotify(hosts: usize) -> Result<()> {
+pub(crate) fn check_inotify(hosts: usize) -> Result<()> {
     let path = "/proc/sys/fs/inotify/max_user_instances";
     let limit: u64 = std::fs::read_to_string(path)?.trim().parse()?;
     let need = INOTIFY_PER_HOST * hosts as u64 + 64;
@@ -160,7 +163,7 @@ fn check_inotify(hosts: usize) -> Result<()> {
     Ok(())
 }
 
-async fn one_run(
+pub(crate) async fn one_run(
     site: &Site,
     timeline: &Timeline,
     tool: Tool,
@@ -212,10 +215,18 @@ async fn one_run(
                 play.succeeded()?;
             }
         }
-        wait_workloads(timeline, &hosts, started, timeout).await
+        let nodes: Vec<&str> = hosts.hosts().iter().map(|h| h.name()).collect();
+        wait_workloads(timeline, &nodes, started, timeout).await
     }
     .await;
     let cost = meter.stop();
+    let addons_s = match &result {
+        Ok(()) => {
+            let nodes: Vec<&str> = hosts.hosts().iter().map(|h| h.name()).collect();
+            wait_addons(&site.business, &nodes, started, timeout).await?
+        }
+        Err(_) => f64::NAN,
+    };
     let tool_cpu_s = match tool {
         Tool::NodeOperator => node_operator_cpu() - node_operator_before,
         _ => controller_cpu_s.unwrap_or(f64::NAN),
@@ -254,25 +265,22 @@ async fn one_run(
         hosts_cpu_s,
         machine_cpu_s: cost.machine_cpu_s,
         play_s,
+        addons_s,
         workers,
     })
 }
 
-/// Waits until every host's workload Pod is Ready, saying now and then how
+/// Waits until the workload Pod on every one of `nodes` is Ready, saying now and then how
 /// far they are.
-async fn wait_workloads(
+pub(crate) async fn wait_workloads(
     timeline: &Timeline,
-    hosts: &TestHosts,
+    nodes: &[&str],
     started: Instant,
     timeout: Duration,
 ) -> Result<()> {
     let mut reported = Instant::now();
     loop {
-        let seen: Vec<_> = hosts
-            .hosts()
-            .iter()
-            .map(|h| timeline.get(h.name()))
-            .collect();
+        let seen: Vec<_> = nodes.iter().map(|n| timeline.get(n)).collect();
         let count = |f: fn(&timeline::Seen) -> bool| seen.iter().filter(|s| f(s)).count();
         let ready = count(|s| s.ready.is_some());
         let workload = count(|s| s.workload_ready.is_some());
@@ -297,6 +305,58 @@ async fn wait_workloads(
             reported = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the cluster is complete on `nodes`: a kube-proxy and a
+/// kube-router Pod Ready on each, and every CoreDNS replica available;
+/// returns the seconds from `started` until then.
+pub(crate) async fn wait_addons(
+    client: &kube::Client,
+    nodes: &[&str],
+    started: Instant,
+    timeout: Duration,
+) -> Result<f64> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kube-system");
+    loop {
+        let listed = pods.list(&ListParams::default()).await?;
+        let ready_on = |prefix: &str, node: &str| {
+            listed.items.iter().any(|p| {
+                p.metadata
+                    .generate_name
+                    .as_deref()
+                    .is_some_and(|g| g.trim_end_matches('-') == prefix)
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+        };
+        let daemons = nodes
+            .iter()
+            .all(|n| ready_on("kube-proxy", n) && ready_on("kube-router", n));
+        let dns = deployments.get_opt("coredns").await?.is_some_and(|d| {
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let available = d
+                .status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0);
+            want >= 1 && available >= want
+        });
+        if daemons && dns {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "after {timeout:?}: kube-proxy and kube-router Ready on every node: {daemons}, CoreDNS available: {dns}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -16,7 +16,7 @@ use kok_testenv::hosts::TestHosts;
 use kok_testenv::node_software::{self, PackageVersionsOptions};
 use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
 use kok_testenv::registry::Registry;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::cluster::{ExposureType, Placement};
 use kube_on_kube_api::{Cluster, ClusterPackageVersion, PackageVersion};
@@ -49,6 +49,10 @@ pub struct Site {
     pub cluster_values: ClusterValues,
     /// Seconds from creating the Cluster to all its conditions True.
     pub cluster_ready_s: f64,
+    meta: Client,
+    namespace: String,
+    cluster_name: String,
+    packages_yaml: String,
     _runner: PodRunner,
 }
 
@@ -83,55 +87,57 @@ impl Site {
         let meta = env.client().await;
         let ns = env.namespace("workers").await;
         start_operator(&meta, &ns, operator_log_level).await?;
-        let mut cluster: Cluster =
-            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))?;
-        cluster.metadata.namespace = Some(ns.clone());
-        cluster.spec.placement = Some(Placement {
-            node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
-            tolerations: vec![],
-        });
-        cluster.spec.api_server.external.type_ = ExposureType::LoadBalancer;
-        let name = cluster.name_any();
-        let clusters: Api<Cluster> = Api::namespaced(meta.clone(), &ns);
-        let started = Instant::now();
-        clusters.create(&PostParams::default(), &cluster).await?;
-        let ready = loop {
-            let c = clusters.get(&name).await?;
-            if c.status.as_ref().is_some_and(|s| settled(&s.conditions)) {
-                break c;
-            }
-            if started.elapsed() > timeout {
-                bail!("Cluster {name} not Ready after {timeout:?}: {:?}", c.status);
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
-        let cluster_ready_s = started.elapsed().as_secs_f64();
-        let status = ready.status.clone().context("no status")?;
-        let secret = status
-            .admin_kubeconfig_secret
-            .context("no admin kubeconfig Secret")?;
-        let business = business_client(&meta, &ns, &secret).await?;
-        let cluster_values = node_operator_values(&meta, &ns, &name).await?;
-        let packages = apply_packages(&business, &packages_yaml).await?;
-        probe(&business).await?;
-        eprintln!(
-            "site: Cluster {name} Ready in {cluster_ready_s:.1}s at {}, packages {}",
-            status.endpoint.unwrap_or_default(),
-            packages
-                .iter()
-                .map(|w| w.package_version.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let name = "ci".to_string();
+        let ready = create_cluster(&meta, &ns, &name, &packages_yaml, timeout).await?;
         Ok(Site {
             depot,
             registry,
-            business,
-            packages,
-            cluster_values,
-            cluster_ready_s,
+            business: ready.business,
+            packages: ready.packages,
+            cluster_values: ready.cluster_values,
+            cluster_ready_s: ready.ready_s,
+            meta,
+            namespace: ns,
+            cluster_name: name,
+            packages_yaml,
             _runner: runner,
         })
+    }
+
+    /// Deletes the site's Cluster and waits until it is gone.
+    pub async fn delete_cluster(&mut self, timeout: Duration) -> Result<()> {
+        let clusters: Api<Cluster> = Api::namespaced(self.meta.clone(), &self.namespace);
+        clusters
+            .delete(&self.cluster_name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("delete Cluster {}", self.cluster_name))?;
+        let started = Instant::now();
+        while clusters.get_opt(&self.cluster_name).await?.is_some() {
+            if started.elapsed() > timeout {
+                bail!("Cluster {} not gone after {timeout:?}", self.cluster_name);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(())
+    }
+
+    /// Creates a new Cluster named `name` as the site's, as a user creating
+    /// a cluster per CI job does, and waits until it is Ready.
+    pub async fn create_cluster(&mut self, name: &str, timeout: Duration) -> Result<()> {
+        let ready = create_cluster(
+            &self.meta,
+            &self.namespace,
+            name,
+            &self.packages_yaml,
+            timeout,
+        )
+        .await?;
+        self.business = ready.business;
+        self.packages = ready.packages;
+        self.cluster_values = ready.cluster_values;
+        self.cluster_ready_s = ready.ready_s;
+        self.cluster_name = name.to_string();
+        Ok(())
     }
 
     /// Puts the SSH key `hosts` accept where the example Machines name it
@@ -147,6 +153,72 @@ impl Site {
         )
         .await
     }
+}
+
+/// A Ready Cluster, as the benchmark uses it.
+struct Ready {
+    business: Client,
+    packages: Vec<Wanted>,
+    cluster_values: ClusterValues,
+    ready_s: f64,
+}
+
+/// Creates the Minimal example Cluster as `name` in `ns`, exposed by a
+/// LoadBalancer Service, waits until it is Ready, and applies the
+/// PackageVersions and the workload to it.
+async fn create_cluster(
+    meta: &Client,
+    ns: &str,
+    name: &str,
+    packages_yaml: &str,
+    timeout: Duration,
+) -> Result<Ready> {
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))?;
+    cluster.metadata.name = Some(name.to_string());
+    cluster.metadata.namespace = Some(ns.to_string());
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
+        tolerations: vec![],
+    });
+    cluster.spec.api_server.external.type_ = ExposureType::LoadBalancer;
+    let clusters: Api<Cluster> = Api::namespaced(meta.clone(), ns);
+    let created = Instant::now();
+    clusters.create(&PostParams::default(), &cluster).await?;
+    let ready = loop {
+        let c = clusters.get(name).await?;
+        if c.status.as_ref().is_some_and(|s| settled(&s.conditions)) {
+            break c;
+        }
+        if created.elapsed() > timeout {
+            bail!("Cluster {name} not Ready after {timeout:?}: {:?}", c.status);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let ready_s = created.elapsed().as_secs_f64();
+    let status = ready.status.clone().context("no status")?;
+    let secret = status
+        .admin_kubeconfig_secret
+        .context("no admin kubeconfig Secret")?;
+    let business = business_client(meta, ns, &secret).await?;
+    let cluster_values = node_operator_values(meta, ns, name).await?;
+    let packages = apply_packages(&business, packages_yaml).await?;
+    probe(&business).await?;
+    eprintln!(
+        "site: Cluster {name} Ready in {ready_s:.1}s at {}, packages {}",
+        status.endpoint.unwrap_or_default(),
+        packages
+            .iter()
+            .map(|w| w.package_version.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(Ready {
+        business,
+        packages,
+        cluster_values,
+        ready_s,
+    })
 }
 
 /// A client of the business API with the admin kubeconfig the operator
@@ -243,7 +315,7 @@ async fn apply_packages(business: &Client, yaml: &str) -> Result<Vec<Wanted>> {
 /// The workload: a DaemonSet of agnhost on the Pod network, Ready once it
 /// answers its health check, so a Pod of it on a node is the first Pod a user
 /// could reach there. It runs on every node that joins.
-async fn probe(business: &Client) -> Result<()> {
+pub async fn probe(business: &Client) -> Result<()> {
     let namespace: Namespace =
         serde_json::from_value(json!({"metadata": {"name": PROBE_NAMESPACE}}))?;
     Api::<Namespace>::all(business.clone())
