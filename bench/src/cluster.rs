@@ -8,8 +8,9 @@
 //! - kubeadm (`cluster/kubeadm.rs`): `kubeadm init` on one more host of the
 //!   same kind, then `kubeadm join` on N, the pod network and the workload
 //!   applied as soon as `init` returns. Its hosts are prepared off the clock
-//!   with the node software installed, as from a golden image: the strongest
-//!   case for kubeadm.
+//!   with the node software installed and kubeadm's images pulled, as from
+//!   a golden image: the strongest case for kubeadm (`--kubeadm-hosts`
+//!   starts them without the images, or bare).
 //!
 //! Both end in the same state: N Ready worker Nodes running kube-proxy,
 //! kube-router and the workload (agnhost on the Pod network, Ready on every
@@ -41,11 +42,13 @@ pub struct Args {
     /// The tools to run: `kube-on-kube`, `kubeadm`.
     #[arg(long, value_delimiter = ',', default_values_t = ["kube-on-kube".to_string(), "kubeadm".to_string()])]
     pub tools: Vec<String>,
-    /// Pull kubeadm's images (control plane, kube-proxy, CoreDNS, pause) on
-    /// the clock, as `kubeadm init` and the kubelets do on hosts without
-    /// them; by default they are pulled while the hosts are prepared.
-    #[arg(long)]
-    pub kubeadm_pull_on_the_clock: bool,
+    /// How kubeadm's hosts start: `golden` (node software installed and
+    /// kubeadm's images pulled off the clock, the strongest case for
+    /// kubeadm), `golden-without-images` (images pulled on the clock) or
+    /// `bare` (node software installed on the clock too, as kube-on-kube's
+    /// Machines start).
+    #[arg(long, value_enum, default_value_t = kubeadm::HostStart::Golden)]
+    pub kubeadm_hosts: kubeadm::HostStart,
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
@@ -141,13 +144,7 @@ pub async fn run(args: Args) -> Result<()> {
                         site.delete_cluster(timeout).await?;
                         have_cluster = false;
                     }
-                    kubeadm_run(
-                        &site,
-                        args.workers,
-                        !args.kubeadm_pull_on_the_clock,
-                        timeout,
-                    )
-                    .await
+                    kubeadm_run(&site, args.workers, args.kubeadm_hosts, timeout).await
                 }
             }
             .with_context(|| format!("{}, run {}", which.label(), run + 1))?;
@@ -193,10 +190,10 @@ async fn kube_on_kube(site: &Site, workers: usize, timeout: Duration) -> Result<
 async fn kubeadm_run(
     site: &Site,
     workers: usize,
-    prepull: bool,
+    start: kubeadm::HostStart,
     timeout: Duration,
 ) -> Result<Sample> {
-    let run = kubeadm::one_run(site, workers, prepull, timeout).await?;
+    let run = kubeadm::one_run(site, workers, start, timeout).await?;
     let max = |f: fn(&(f64, f64, f64)) -> f64| run.workers.iter().map(f).fold(0.0, f64::max);
     Ok(Sample {
         which: Which::Kubeadm,
@@ -225,10 +222,16 @@ fn table(args: &Args, tools: &[Which], samples: &[Sample]) -> String {
         )
     };
     let mut out = format!(
-        "\n### A cluster with {} worker nodes: kube-on-kube against kubeadm, median of {} runs\n\n\
+        "\n### A cluster with {} worker nodes: kube-on-kube against kubeadm ({} hosts), median of {} runs\n\n\
          | tool | control plane ready s | every worker Node Ready s | first Pod Running on a worker s | workload Ready on every worker s | add-ons Ready (kube-proxy, kube-router, CoreDNS) s | hosts' CPU s |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
-        args.workers, args.runs
+        args.workers,
+        match args.kubeadm_hosts {
+            kubeadm::HostStart::Golden => "golden",
+            kubeadm::HostStart::GoldenWithoutImages => "golden, without images",
+            kubeadm::HostStart::Bare => "bare",
+        },
+        args.runs
     );
     for &which in tools {
         out.push_str(&format!(
@@ -270,12 +273,8 @@ fn table(args: &Args, tools: &[Which], samples: &[Sample]) -> String {
     }
     if tools.contains(&Which::Kubeadm) {
         out.push_str(&format!(
-            "\nkubeadm's hosts were prepared off the clock, as from a golden image (node software installed{}), in {} s per run; kube-on-kube's times include installing the node software and pulling every image.",
-            if args.kubeadm_pull_on_the_clock {
-                ""
-            } else {
-                ", kubeadm's images pulled"
-            },
+            "\nkubeadm's hosts: {}; preparing them took {} s per run. kube-on-kube's Machines start bare: its times include installing the node software and pulling every image.",
+            args.kubeadm_hosts.describe(),
             runs(Which::Kubeadm, |s| s.prepare_s.unwrap_or(f64::NAN))
         ));
     }

@@ -1,6 +1,7 @@
 //! The peer: `kubeadm init` on one SSH test host and `kubeadm join` on the
-//! others, as its best users run it. The hosts are prepared first, off the
-//! clock, as a golden image would have them: the same runc, containerd, CNI
+//! others, as its best users run it. The hosts are prepared first, by
+//! default off the clock, as a golden image would have them (see
+//! [`HostStart`] for the other starts): the same runc, containerd, CNI
 //! plugins and crictl as node-operator's PackageVersions (installed by
 //! node-operator's installer, so the files and units are the same), the same
 //! kernel parameters, the kubelet and kubeadm binaries, the kubelet unit
@@ -54,15 +55,46 @@ pub struct KubeadmRun {
     pub addons_s: f64,
     /// CPU of everything on the hosts until then.
     pub hosts_cpu_s: f64,
-    /// Preparing the hosts, off the clock.
+    /// Preparing the hosts (on the clock for bare hosts).
     pub prepare_s: f64,
+}
+
+/// How kubeadm's hosts start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostStart {
+    /// As from a golden image: the node software installed and kubeadm's
+    /// images pulled, off the clock.
+    Golden,
+    /// The node software installed off the clock; the images pulled on it,
+    /// by `kubeadm init` and the kubelets.
+    GoldenWithoutImages,
+    /// Bare: the node software installed on the clock, by node-operator's
+    /// installer run in-process on every host at once (the fastest
+    /// installer there is here), then kubeadm as above.
+    Bare,
+}
+
+impl HostStart {
+    pub fn describe(self) -> &'static str {
+        match self {
+            HostStart::Golden => {
+                "prepared off the clock, as from a golden image (node software installed, kubeadm's images pulled)"
+            }
+            HostStart::GoldenWithoutImages => {
+                "prepared off the clock with the node software installed; kubeadm's images pulled on the clock"
+            }
+            HostStart::Bare => {
+                "bare: the node software installed on the clock by node-operator's installer run in-process, images pulled on the clock"
+            }
+        }
+    }
 }
 
 /// Prepares `1 + workers` fresh hosts and times kubeadm on them.
 pub async fn one_run(
     site: &Site,
     workers: usize,
-    prepull: bool,
+    start: HostStart,
     timeout: Duration,
 ) -> Result<KubeadmRun> {
     // etcd's data directory is the control-plane host's own, as on a real
@@ -75,15 +107,19 @@ pub async fn one_run(
         .context("start the hosts")?;
     let control_plane = &hosts.hosts()[0];
     let config = init_config(control_plane);
-    let prepared = Instant::now();
-    prepare(site, &hosts, &config, prepull)
+    let mut cpu_before: f64 = hosts_cpu(&hosts);
+    let mut meter = Meter::start();
+    let mut started = Instant::now();
+    prepare(site, &hosts, &config, start == HostStart::Golden)
         .await
         .context("prepare the hosts")?;
-    let prepare_s = prepared.elapsed().as_secs_f64();
-    let cpu_before: f64 = hosts_cpu(&hosts);
-
-    let meter = Meter::start();
-    let started = Instant::now();
+    let prepare_s = started.elapsed().as_secs_f64();
+    if start != HostStart::Bare {
+        // The clock starts now.
+        cpu_before = hosts_cpu(&hosts);
+        meter = Meter::start();
+        started = Instant::now();
+    }
     // Each line of its output stamped with the time it came, for the log.
     let init = stamped(
         control_plane,
