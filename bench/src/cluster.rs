@@ -222,13 +222,13 @@ fn table(args: &Args, tools: &[Which], samples: &[Sample]) -> String {
         )
     };
     let mut out = format!(
-        "\n### A cluster with {} worker nodes: kube-on-kube against kubeadm ({} hosts), median of {} runs\n\n\
+        "\n### A cluster with {} worker nodes: kube-on-kube against kubeadm on {} hosts, median of {} runs\n\n\
          | tool | control plane ready s | every worker Node Ready s | first Pod Running on a worker s | workload Ready on every worker s | add-ons Ready (kube-proxy, kube-router, CoreDNS) s | hosts' CPU s |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
         args.workers,
         match args.kubeadm_hosts {
             kubeadm::HostStart::Golden => "golden",
-            kubeadm::HostStart::GoldenWithoutImages => "golden, without images",
+            kubeadm::HostStart::GoldenWithoutImages => "golden-without-images",
             kubeadm::HostStart::Bare => "bare",
         },
         args.runs
