@@ -24,11 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose};
 
+use crate::kube_env::pki::ca_params;
 use crate::kube_env::supervisor::{Supervised, log_tail};
 use crate::kube_env::workdir::run_log_dir;
 use crate::node_software;
@@ -324,16 +322,7 @@ struct Tls {
 /// `localhost`, written under `dir`.
 fn write_certificates(dir: &Path) -> Result<Tls, Error> {
     let ca_key = KeyPair::generate().map_err(Error::Pki)?;
-    let mut ca_params = CertificateParams::default();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "kok-testenv-s3-ca");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    let ca_params = ca_params("kok-testenv-s3-ca");
     let ca_cert = ca_params.self_signed(&ca_key).map_err(Error::Pki)?;
     let issuer = Issuer::new(ca_params, &ca_key);
     let key = KeyPair::generate().map_err(Error::Pki)?;

@@ -97,16 +97,11 @@ impl Manifest {
 /// A snapshot's name: `20261127T120500Z-r12345`, the UTC second it was
 /// taken and the revision it holds at least. Sorting names sorts by time.
 pub fn snapshot_name(taken_at: OffsetDateTime, revision: u64) -> String {
-    let t = taken_at.to_offset(time::UtcOffset::UTC);
-    format!(
-        "{:04}{:02}{:02}T{:02}{:02}{:02}Z-r{revision}",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    let compact: String = rfc3339(taken_at)
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect();
+    format!("{compact}-r{revision}")
 }
 
 /// `taken_at` as RFC 3339 in UTC, to the second.
