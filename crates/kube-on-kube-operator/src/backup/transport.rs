@@ -277,6 +277,93 @@ mod tests {
         idle: Duration::from_secs(5),
     };
 
+    /// A server on loopback that reads the request, sends `answer` and then
+    /// nothing more for a long while.
+    async fn stalling_server(
+        answer: &'static [u8],
+    ) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            socket.write_all(answer).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        (addr, server)
+    }
+
+    fn plain_client(timeouts: Timeouts) -> HttpClient {
+        let now = time::OffsetDateTime::now_utc();
+        let ca = crate::pki::new_ca("unused", now).unwrap();
+        Transport::new(Some(&ca.cert_pem), true, timeouts)
+            .unwrap()
+            .connect(&ClientOptions::default())
+            .unwrap()
+    }
+
+    fn get(addr: std::net::SocketAddr) -> HttpRequest {
+        hyper::Request::builder()
+            .uri(format!("http://{addr}/bucket/key"))
+            .body(HttpRequestBody::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stalls_fails_after_the_idle_time() {
+        let (addr, server) =
+            stalling_server(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").await;
+        let client = plain_client(Timeouts {
+            request: Duration::from_secs(5),
+            idle: Duration::from_millis(300),
+        });
+        let started = std::time::Instant::now();
+        let response = client.execute(get(addr)).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let e = response.into_body().bytes().await.unwrap_err();
+        assert_eq!(e.kind(), HttpErrorKind::Timeout, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_times_out() {
+        let (addr, server) = stalling_server(b"").await;
+        let client = plain_client(Timeouts {
+            request: Duration::from_millis(300),
+            idle: Duration::from_secs(5),
+        });
+        let started = std::time::Instant::now();
+        let e = client.execute(get(addr)).await.unwrap_err();
+        assert_eq!(e.kind(), HttpErrorKind::Timeout, "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn plain_http_is_refused_unless_allowed() {
+        let (addr, server) = stalling_server(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+        let now = time::OffsetDateTime::now_utc();
+        let ca = crate::pki::new_ca("unused", now).unwrap();
+        let client = Transport::new(Some(&ca.cert_pem), false, TIMEOUTS)
+            .unwrap()
+            .connect(&ClientOptions::default())
+            .unwrap();
+        let e = client.execute(get(addr)).await.unwrap_err();
+        assert!(e.to_string().contains("scheme"), "{e}");
+        server.abort();
+    }
+
     #[test]
     fn a_ca_that_is_not_pem_is_refused() {
         let e = Transport::new(Some("not a certificate"), false, TIMEOUTS).unwrap_err();
