@@ -1,7 +1,8 @@
 //! etcd snapshots into real S3-compatible storage: a real etcd member over
 //! mutual TLS and a real versitygw over TLS (`kok_testenv::s3`). A snapshot
 //! is streamed from etcd into the bucket, listed, downloaded, checked, and
-//! read by upstream's `etcdutl`; failures (credentials refused, nothing
+//! read by upstream's `etcdutl`; in a three-member cluster a follower gives
+//! it, and without quorum none is taken; failures (credentials refused, nothing
 //! listening, an untrusted certificate, a stream that breaks off, a name that
 //! exists, a damaged object) each give their own error and leave every
 //! stored snapshot in place.
@@ -60,33 +61,37 @@ async fn start_member() -> Member {
 }
 
 impl Member {
-    /// `etcdctl put key` with `value` on standard input (values of a
-    /// megabyte do not fit on a command line).
     async fn put(&self, key: &str, value: &[u8]) {
-        use tokio::io::AsyncWriteExt;
-        let mut child = tokio::process::Command::new(kok_testenv::bins::bin("etcdctl").unwrap())
-            .arg(format!("--endpoints={}", self.etcd.client_url))
-            .arg(format!("--cacert={}", self.pki.ca_file.display()))
-            .arg(format!("--cert={}", self.pki.cert_file.display()))
-            .arg(format!("--key={}", self.pki.key_file.display()))
-            .arg("put")
-            .arg(key)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(value).await.unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().await.unwrap();
-        assert!(
-            out.status.success(),
-            "etcdctl put {key}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        etcdctl_put(&self.etcd.client_url, &self.pki, key, value).await;
     }
+}
+
+/// `etcdctl put key` against `url`, with `value` on standard input (values
+/// of a megabyte do not fit on a command line).
+async fn etcdctl_put(url: &str, pki: &Pki, key: &str, value: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(kok_testenv::bins::bin("etcdctl").unwrap())
+        .arg(format!("--endpoints={url}"))
+        .arg(format!("--cacert={}", pki.ca_file.display()))
+        .arg(format!("--cert={}", pki.cert_file.display()))
+        .arg(format!("--key={}", pki.key_file.display()))
+        .arg("put")
+        .arg(key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(value).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "etcdctl put {key}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn store_config(s3: &S3Server) -> StoreConfig {
@@ -438,4 +443,75 @@ async fn a_manifest_that_does_not_parse_is_not_listed() {
     assert!(store.list().await.unwrap().is_empty());
     let e = store.manifest(&good.name).await.unwrap_err();
     assert!(matches!(e, StoreError::Manifest { .. }), "{e:?}");
+}
+
+/// In a three-member cluster the snapshot comes from a follower, not the
+/// leader; with quorum lost no member is healthy and none is taken.
+#[tokio::test]
+async fn a_follower_gives_the_snapshot_and_none_is_taken_without_quorum() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let ports = port_pairs(3);
+    let initial: Vec<String> = (0..3)
+        .map(|i| format!("m{i}=https://127.0.0.1:{}", ports[i].1))
+        .collect();
+    let initial = initial.join(",");
+    let mut members: Vec<Etcd> = (0..3)
+        .map(|i| {
+            Etcd::start(
+                dir.path(),
+                &pki,
+                &format!("m{i}"),
+                ports[i],
+                &initial,
+                "new",
+            )
+        })
+        .collect();
+    let urls: Vec<String> = members.iter().map(|m| m.client_url.clone()).collect();
+    let client = EtcdClient::new(urls.clone(), pki.client_tls(), REQUEST).unwrap();
+    for member in &mut members {
+        let url = member.client_url.clone();
+        wait_for("etcd members to be healthy", START, async || {
+            assert!(member.still_running(), "etcd {} exited", member.name);
+            matches!(client.healthy(&url).await, Ok(true)).then_some(())
+        })
+        .await;
+    }
+    etcdctl_put(&urls[0], &pki, "/registry/a", b"1").await;
+
+    let s3 = S3Server::start(&S3Options::default()).unwrap();
+    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let taken = backup::take(&client, &store, None, OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    let status = client.status(&taken.member).await.unwrap();
+    assert_ne!(status.member_id, status.leader, "taken from the leader");
+    assert!(urls.contains(&taken.member), "{taken:?}");
+
+    // Two of three gone: the last one has no quorum.
+    let leader = status.leader;
+    let mut kept = None;
+    for (member, url) in members.iter_mut().zip(&urls) {
+        let id = client.status(url).await.unwrap().member_id;
+        if id == leader {
+            kept = Some(url.clone());
+        } else {
+            member.child.kill().await.unwrap();
+        }
+    }
+    let kept = kept.unwrap();
+    wait_for("the last member to lose quorum", START, async || {
+        matches!(client.healthy(&kept).await, Ok(false)).then_some(())
+    })
+    .await;
+    let e = backup::take(&client, &store, None, OffsetDateTime::now_utc())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, BackupError::NoHealthyMember { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains(&format!("{kept}: not healthy")),
+        "{e}"
+    );
+    assert_eq!(store.list().await.unwrap(), vec![taken]);
 }
