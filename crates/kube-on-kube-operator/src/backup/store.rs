@@ -247,7 +247,8 @@ impl StoreConfig {
             ca_pem: None,
             allow_http: false,
             timeouts: Timeouts {
-                request: Duration::from_secs(30),
+                connect: Duration::from_secs(10),
+                request: Duration::from_secs(120),
                 idle: Duration::from_secs(60),
             },
             max_retries: 3,

@@ -44,7 +44,11 @@ pub enum TransportError {
 /// Bounds on one request.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
-    /// Connecting, and waiting for the head of an answer.
+    /// Connecting (TCP; TLS is part of the request).
+    pub connect: Duration,
+    /// A whole request until the head of its answer: connecting, the TLS
+    /// handshake, sending its body (an upload part of several MiB) and
+    /// waiting for the storage to answer.
     pub request: Duration,
     /// The longest pause between two pieces of an answer's body.
     pub idle: Duration,
@@ -86,7 +90,7 @@ impl Transport {
         .with_no_client_auth();
         let mut tcp = TcpConnector::new();
         tcp.enforce_http(false);
-        tcp.set_connect_timeout(Some(timeouts.request));
+        tcp.set_connect_timeout(Some(timeouts.connect));
         let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config);
         let connector = if allow_http {
             builder.https_or_http().enable_http1().wrap_connector(tcp)
@@ -273,6 +277,7 @@ mod tests {
     use super::*;
 
     const TIMEOUTS: Timeouts = Timeouts {
+        connect: Duration::from_secs(5),
         request: Duration::from_secs(5),
         idle: Duration::from_secs(5),
     };
@@ -316,6 +321,7 @@ mod tests {
         let (addr, server) =
             stalling_server(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").await;
         let client = plain_client(Timeouts {
+            connect: Duration::from_secs(5),
             request: Duration::from_secs(5),
             idle: Duration::from_millis(300),
         });
@@ -336,6 +342,7 @@ mod tests {
     async fn a_server_that_never_answers_times_out() {
         let (addr, server) = stalling_server(b"").await;
         let client = plain_client(Timeouts {
+            connect: Duration::from_secs(5),
             request: Duration::from_millis(300),
             idle: Duration::from_secs(5),
         });
