@@ -5,12 +5,11 @@
 //! moves bytes, bounding how long a request and each pause in a response
 //! may take.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
