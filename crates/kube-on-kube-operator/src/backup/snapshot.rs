@@ -17,7 +17,7 @@ use base64::Engine;
 use bytes::Bytes;
 use futures::Stream;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::Body;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -85,7 +85,7 @@ pub enum SnapshotError {
     Read {
         endpoint: String,
         #[source]
-        source: hyper::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// etcd sent nothing for too long.
     #[error("etcd {endpoint}: the snapshot stream sent nothing for {idle:?}")]
@@ -382,19 +382,24 @@ pub async fn stream(
     Ok(Box::pin(decoded(body, endpoint.to_string(), idle)))
 }
 
-struct Reading {
-    body: Incoming,
+struct Reading<B> {
+    body: B,
     decoder: Option<Decoder>,
     ready: std::collections::VecDeque<Bytes>,
     endpoint: String,
     idle: Duration,
 }
 
-fn decoded(
-    body: Incoming,
+/// The file bytes of a gateway response `body`, checked; see [`stream`].
+fn decoded<B>(
+    body: B,
     endpoint: String,
     idle: Duration,
-) -> impl Stream<Item = Result<Bytes, SnapshotError>> + Send {
+) -> impl Stream<Item = Result<Bytes, SnapshotError>> + Send
+where
+    B: Body<Data = Bytes> + Send + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let state = Reading {
         body,
         decoder: Some(Decoder::new()),
@@ -432,7 +437,7 @@ fn decoded(
                 Some(Err(source)) => {
                     return Err(SnapshotError::Read {
                         endpoint: state.endpoint.clone(),
-                        source,
+                        source: source.into(),
                     });
                 }
                 None => {
@@ -696,6 +701,81 @@ mod tests {
         let mut digest = FileDigest::default();
         digest.update(&file[..20]);
         assert!(!digest.finish().ends_with_db_sha256);
+    }
+
+    /// A response body made of `pieces`, then `end`: nothing more
+    /// (`None`), a broken connection, or a stall.
+    fn body(
+        pieces: Vec<Vec<u8>>,
+        end: End,
+    ) -> impl Body<Data = Bytes, Error = std::io::Error> + Send + Unpin {
+        use futures::StreamExt;
+        let frames = futures::stream::iter(
+            pieces
+                .into_iter()
+                .map(|p| Ok(hyper::body::Frame::data(Bytes::from(p)))),
+        );
+        let tail = futures::stream::iter(match end {
+            End::Clean => vec![],
+            End::Broken => vec![Err(std::io::Error::other("connection reset"))],
+            End::Stall => vec![],
+        });
+        let stall = futures::stream::pending().take(usize::from(end == End::Stall));
+        http_body_util::StreamBody::new(frames.chain(tail).chain(stall))
+    }
+
+    #[derive(PartialEq, Eq, Clone, Copy)]
+    enum End {
+        Clean,
+        Broken,
+        Stall,
+    }
+
+    async fn read_all(
+        body: impl Body<Data = Bytes, Error = std::io::Error> + Send + Unpin,
+    ) -> Result<Vec<u8>, SnapshotError> {
+        use futures::TryStreamExt;
+        let stream = decoded(body, "https://m0:2379".into(), Duration::from_millis(200));
+        let pieces: Vec<Bytes> = Box::pin(stream).try_collect().await?;
+        Ok(pieces.concat())
+    }
+
+    #[tokio::test]
+    async fn a_whole_response_is_the_file() {
+        let db = db(70_000);
+        let stream = gateway(&db, 32 * 1024, None);
+        let pieces = stream.chunks(5000).map(<[u8]>::to_vec).collect();
+        let file = read_all(body(pieces, End::Clean)).await.unwrap();
+        assert_eq!(&file[..70_000], &db[..]);
+        assert_eq!(&file[70_000..], &Sha256::digest(&db)[..]);
+    }
+
+    #[tokio::test]
+    async fn a_response_that_stops_breaks_or_stalls_is_an_error() {
+        let db = db(70_000);
+        let stream = gateway(&db, 32 * 1024, None);
+        let half = vec![stream[..stream.len() / 2].to_vec()];
+        match read_all(body(half.clone(), End::Clean)).await {
+            Err(SnapshotError::Stream { endpoint, source }) => {
+                assert_eq!(endpoint, "https://m0:2379");
+                assert!(
+                    matches!(
+                        source,
+                        StreamError::Message { .. } | StreamError::Truncated { .. }
+                    ),
+                    "{source}"
+                );
+            }
+            other => panic!("expected a stream error, got {other:?}"),
+        }
+        let e = read_all(body(half.clone(), End::Broken)).await.unwrap_err();
+        assert!(matches!(e, SnapshotError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains("connection reset"), "{e}");
+        assert_eq!(e.category(), "snapshot-interrupted");
+        let started = std::time::Instant::now();
+        let e = read_all(body(half, End::Stall)).await.unwrap_err();
+        assert!(matches!(e, SnapshotError::Idle { .. }), "{e:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]
