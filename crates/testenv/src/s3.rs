@@ -8,7 +8,9 @@
 //! every object a file at its key, so a test can look at or damage what the
 //! server stores ([`S3Server::object_path`]). The server dies with the test
 //! process like the other components, and when dropped; its directory goes
-//! with it. Its log is under `target/testenv-logs/`.
+//! with it (or, after a killed run, with the next run's sweep of the
+//! environment's state directories). Its log is under
+//! `target/testenv-logs/<run>/s3-<n>/`.
 //!
 //! ```no_run
 //! use kok_testenv::s3::{S3Options, S3Server};
@@ -28,7 +30,7 @@ use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
 
 use crate::kube_env::pki::ca_params;
 use crate::kube_env::supervisor::{Supervised, log_tail};
-use crate::kube_env::workdir::run_log_dir;
+use crate::kube_env::workdir::Workdir;
 use crate::node_software;
 
 const READY: Duration = Duration::from_secs(30);
@@ -41,6 +43,9 @@ pub enum Error {
     /// `scripts/backup-bins.sh` failed.
     #[error("building or finding versitygw: {0}")]
     Bins(#[source] node_software::Error),
+    /// The state and log directories could not be made.
+    #[error("preparing the storage's directories: {0}")]
+    Workdir(#[source] crate::kube_env::Error),
     /// A file or directory could not be made.
     #[error("{what}: {source}")]
     Io {
@@ -93,8 +98,9 @@ pub struct S3Server {
     secret_access_key: String,
     log: PathBuf,
     process: Supervised,
-    /// Dropped after the process (fields drop in order).
-    dir: tempfile::TempDir,
+    /// The storage and certificates, and the log; dropped after the process
+    /// (fields drop in order).
+    workdir: Workdir,
 }
 
 /// The directory holding `versitygw` and `etcdutl`, from
@@ -117,20 +123,15 @@ impl S3Server {
             return Err(Error::BucketName(options.bucket.clone()));
         }
         let bin = bin_dir()?.join("versitygw");
-        let logs = run_log_dir().map_err(|e| Error::Io {
-            what: "creating the log directory".into(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let dir = tempfile::Builder::new()
-            .prefix("kok-s3-")
-            .tempdir()
-            .map_err(io("creating the storage directory"))?;
-        let root = dir.path().join("root");
+        static SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let workdir = Workdir::create(&format!("s3-{n}")).map_err(Error::Workdir)?;
+        let root = workdir.state.join("root");
         // The POSIX backend's buckets are the root's directories.
         std::fs::create_dir_all(root.join(&options.bucket))
             .map_err(io(format!("creating the bucket under {}", root.display())))?;
         let tls = if options.tls {
-            Some(write_certificates(dir.path())?)
+            Some(write_certificates(&workdir.state)?)
         } else {
             None
         };
@@ -143,7 +144,7 @@ impl S3Server {
                 .map(|a| a.port())
                 .map_err(io("finding a free loopback port"))?;
             let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-            let log = logs.join(format!("versitygw-{port}.log"));
+            let log = workdir.logs.join(format!("versitygw-{port}.log"));
             let mut command = Command::new(&bin);
             command
                 .arg("--port")
@@ -180,7 +181,7 @@ impl S3Server {
                         secret_access_key,
                         log,
                         process,
-                        dir,
+                        workdir,
                     });
                 }
                 Err(e) => last = Some(e),
@@ -234,7 +235,7 @@ impl S3Server {
     /// The file holding object `key` of `bucket`: the POSIX backend stores
     /// an object at its key under the bucket's directory.
     pub fn object_path(&self, bucket: &str, key: &str) -> PathBuf {
-        self.dir.path().join("root").join(bucket).join(key)
+        self.workdir.state.join("root").join(bucket).join(key)
     }
 
     /// Makes another bucket (a directory under the root, which the POSIX
@@ -243,7 +244,7 @@ impl S3Server {
         if !valid_bucket_name(name) {
             return Err(Error::BucketName(name.into()));
         }
-        let dir = self.dir.path().join("root").join(name);
+        let dir = self.workdir.state.join("root").join(name);
         std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))
     }
 
