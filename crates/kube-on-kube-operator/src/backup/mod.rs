@@ -186,6 +186,23 @@ mod tests {
     }
 
     #[test]
+    fn an_upload_that_failed_on_its_source_is_the_sources_failure() {
+        let idle = SnapshotError::Idle {
+            endpoint: "https://m0:2379".into(),
+            idle: Duration::from_secs(60),
+        };
+        let e = BackupError::Store(StoreError::Source(Box::new(idle)));
+        assert_eq!(e.category(), "snapshot-interrupted");
+        assert!(e.to_string().contains("https://m0:2379"), "{e}");
+        let other = BackupError::Store(StoreError::Source(Box::new(std::io::Error::other("x"))));
+        assert_eq!(other.category(), "backup-source");
+        assert_eq!(
+            BackupError::Store(StoreError::Empty).category(),
+            "backup-source"
+        );
+    }
+
+    #[test]
     fn a_healthy_follower_is_preferred_to_the_leader() {
         let c = vec![
             candidate("a", true, status(1, 1)),
