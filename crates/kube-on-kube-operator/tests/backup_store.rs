@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use etcd_members::{Etcd, Pki, port_pairs};
+use etcd_members::{Etcd, Pki, port_pairs, start_new_cluster, wait_healthy};
 use kok_testenv::s3::{S3Options, S3Server};
 use kok_testenv::wait::wait_for;
 use kube_on_kube_operator::backup::{
@@ -39,19 +39,9 @@ struct Member {
 async fn start_member() -> Member {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let ports = port_pairs(1)[0];
-    let initial = format!("m0=https://127.0.0.1:{}", ports.1);
-    let mut etcd = Etcd::start(dir.path(), &pki, "m0", ports, &initial, "new");
+    let mut etcd = start_new_cluster(dir.path(), &pki, &port_pairs(1)).remove(0);
     let client = EtcdClient::new(vec![etcd.client_url.clone()], pki.client_tls(), REQUEST).unwrap();
-    wait_for("etcd to be healthy", START, async || {
-        assert!(
-            etcd.still_running(),
-            "etcd exited; see {}",
-            dir.path().display()
-        );
-        matches!(client.healthy(&etcd.client_url).await, Ok(true)).then_some(())
-    })
-    .await;
+    wait_healthy(&client, &mut etcd).await;
     Member {
         etcd,
         client,
@@ -474,32 +464,11 @@ async fn a_manifest_that_does_not_parse_is_not_listed() {
 async fn a_follower_gives_the_snapshot_and_none_is_taken_without_quorum() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let ports = port_pairs(3);
-    let initial: Vec<String> = (0..3)
-        .map(|i| format!("m{i}=https://127.0.0.1:{}", ports[i].1))
-        .collect();
-    let initial = initial.join(",");
-    let mut members: Vec<Etcd> = (0..3)
-        .map(|i| {
-            Etcd::start(
-                dir.path(),
-                &pki,
-                &format!("m{i}"),
-                ports[i],
-                &initial,
-                "new",
-            )
-        })
-        .collect();
+    let mut members = start_new_cluster(dir.path(), &pki, &port_pairs(3));
     let urls: Vec<String> = members.iter().map(|m| m.client_url.clone()).collect();
     let client = EtcdClient::new(urls.clone(), pki.client_tls(), REQUEST).unwrap();
     for member in &mut members {
-        let url = member.client_url.clone();
-        wait_for("etcd members to be healthy", START, async || {
-            assert!(member.still_running(), "etcd {} exited", member.name);
-            matches!(client.healthy(&url).await, Ok(true)).then_some(())
-        })
-        .await;
+        wait_healthy(&client, member).await;
     }
     etcdctl_put(&urls[0], &pki, "/registry/a", b"1").await;
 

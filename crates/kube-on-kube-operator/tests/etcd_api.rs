@@ -8,7 +8,7 @@ mod etcd_members;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use etcd_members::{Etcd, Pki, port_pairs};
+use etcd_members::{Etcd, Pki, port_pairs, start_new_cluster, wait_healthy};
 use kok_testenv::wait::wait_for;
 use kube_on_kube_operator::etcd::api::{EtcdClient, EtcdError, Member};
 use kube_on_kube_operator::etcd::membership::{
@@ -30,41 +30,14 @@ fn by_peer(members: &[Member]) -> Vec<(String, bool)> {
     list
 }
 
-async fn wait_healthy(client: &EtcdClient, member: &mut Etcd) {
-    let what = format!("etcd {} to be healthy", member.name);
-    wait_for(&what, START, async || {
-        assert!(member.still_running(), "etcd {} exited", member.name);
-        match client.healthy(&member.client_url).await {
-            Ok(true) => Some(()),
-            _ => None,
-        }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn membership_changes_on_real_etcd() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     // The fifth client port is the endpoint that never answers.
     let ports = port_pairs(5);
-    let initial: Vec<String> = (0..3)
-        .map(|i| format!("m{i}=https://127.0.0.1:{}", ports[i].1))
-        .collect();
-    let initial = initial.join(",");
     let started = Instant::now();
-    let mut members: Vec<Etcd> = (0..3)
-        .map(|i| {
-            Etcd::start(
-                dir.path(),
-                &pki,
-                &format!("m{i}"),
-                ports[i],
-                &initial,
-                "new",
-            )
-        })
-        .collect();
+    let mut members = start_new_cluster(dir.path(), &pki, &ports[..3]);
 
     // The first endpoint never answers: every call must fall through to the next.
     let dead = format!("https://127.0.0.1:{}", ports[4].0);

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use kube_on_kube_operator::etcd::api::ClientTls;
+use kok_testenv::wait::wait_for;
+use kube_on_kube_operator::etcd::api::{ClientTls, EtcdClient};
 use kube_on_kube_operator::pki::{self, KeyCert, LeafSpec, Usage};
 use tokio::process::{Child, Command};
 
@@ -151,4 +152,36 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 /// `n` pairs of distinct ports (client, peer).
 pub fn port_pairs(n: usize) -> Vec<(u16, u16)> {
     free_ports(2 * n).chunks(2).map(|p| (p[0], p[1])).collect()
+}
+
+/// How long a member may take to become healthy.
+const START: Duration = Duration::from_secs(60);
+
+/// Members `m0`, `m1`, … of a new cluster, one on each pair of (client,
+/// peer) ports.
+pub fn start_new_cluster(dir: &Path, pki: &Pki, ports: &[(u16, u16)]) -> Vec<Etcd> {
+    let initial: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("m{i}=https://127.0.0.1:{}", p.1))
+        .collect();
+    let initial = initial.join(",");
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Etcd::start(dir, pki, &format!("m{i}"), *p, &initial, "new"))
+        .collect()
+}
+
+/// Waits until `member` serves linearizable reads.
+pub async fn wait_healthy(client: &EtcdClient, member: &mut Etcd) {
+    let what = format!("etcd {} to be healthy", member.name);
+    wait_for(&what, START, async || {
+        assert!(member.still_running(), "etcd {} exited", member.name);
+        match client.healthy(&member.client_url).await {
+            Ok(true) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
 }
