@@ -120,14 +120,18 @@ pub async fn take(
     kubernetes_version: Option<&str>,
     now: OffsetDateTime,
 ) -> Result<Manifest, BackupError> {
-    let mut candidates = Vec::new();
-    for endpoint in etcd.endpoints() {
-        candidates.push(Candidate {
-            endpoint: endpoint.clone(),
-            healthy: etcd.healthy(endpoint).await,
-            status: etcd.status(endpoint).await,
-        });
-    }
+    // All at once: a member that does not answer costs one timeout, not one
+    // per member after it.
+    let candidates: Vec<Candidate> =
+        futures::future::join_all(etcd.endpoints().iter().map(|endpoint| async move {
+            let (healthy, status) = futures::join!(etcd.healthy(endpoint), etcd.status(endpoint));
+            Candidate {
+                endpoint: endpoint.clone(),
+                healthy,
+                status,
+            }
+        }))
+        .await;
     let chosen =
         choose_member(&candidates).map_err(|tried| BackupError::NoHealthyMember { tried })?;
     let member = &candidates[chosen];
