@@ -5,8 +5,9 @@
 # (scripts/node-artifacts.sh) — and the images (scripts/node-images.sh; needs
 # root), with the images of the upstream conformance suite, and the suite
 # itself (scripts/testenv-bins.sh --e2e: e2e.test and ginkgo), which
-# crates/testenv/tests/conformance.rs runs a subset of. With a warm cache it
-# takes a second; from cold, minutes (docs/testing.md lists them).
+# crates/testenv/tests/conformance.rs runs a subset of; and the backup tests'
+# S3 server and etcdutl (scripts/backup-bins.sh). With a warm cache it takes a
+# second; from cold, minutes (docs/testing.md lists them).
 #
 # Each script's output goes to LOG_DIR/<script>.log; its progress lines
 # ("[node-artifacts] building containerd ...") and one summary line per script
@@ -26,7 +27,7 @@ logs=${1:-$here/../target/node-software-logs}
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 
-for step in registry-bins.sh node-artifacts.sh "node-images.sh --e2e" "testenv-bins.sh --e2e"; do
+for step in registry-bins.sh backup-bins.sh node-artifacts.sh "node-images.sh --e2e" "testenv-bins.sh --e2e"; do
   read -r script args <<<"$step"
   log="$logs/${script%.sh}.log"
   t0=$(date +%s)

@@ -5,6 +5,7 @@
 pub mod addon_retry;
 pub mod addons;
 pub mod applied;
+pub mod backup;
 pub mod bounded;
 pub mod config;
 pub mod context;

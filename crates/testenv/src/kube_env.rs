@@ -16,7 +16,7 @@
 mod cluster;
 mod components;
 mod error;
-mod pki;
+pub(crate) mod pki;
 pub(crate) mod supervisor;
 pub(crate) mod workdir;
 

@@ -89,7 +89,7 @@ fn run_script(name: &str, args: &[&str]) -> Result<String, Error> {
 }
 
 /// The directory a caching script prints on its last line.
-fn cached_dir(name: &str) -> Result<PathBuf, Error> {
+pub(crate) fn cached_dir(name: &str) -> Result<PathBuf, Error> {
     let stdout = run_script(name, &[])?;
     let dir = stdout
         .lines()

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -135,6 +136,8 @@ pub struct Status {
     pub is_learner: bool,
     pub raft_index: u64,
     pub raft_applied_index: u64,
+    /// The key-value store's revision on the endpoint that answered.
+    pub revision: u64,
     /// Alarms and other errors the member reports.
     pub errors: Vec<String>,
 }
@@ -345,6 +348,7 @@ impl EtcdClient {
             is_learner: raw.is_learner,
             raft_index: raw.raft_index,
             raft_applied_index: raw.raft_applied_index,
+            revision: raw.header.revision,
             errors: raw.errors,
         })
     }
@@ -364,6 +368,48 @@ impl EtcdClient {
             Err(EtcdError::Refused { status: 503, .. }) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Starts a snapshot of the member behind `endpoint` (etcd's
+    /// `Maintenance/Snapshot`) and returns the response body: the gateway's
+    /// stream of newline-separated JSON messages, each with a base64 blob of
+    /// the database, then one with the database's sha256
+    /// (`crate::backup::snapshot` reads it). Only the answer's head is bound
+    /// by the client's timeout: the body lasts as long as the database takes
+    /// to send, and whoever reads it bounds the pauses between its chunks.
+    pub async fn snapshot(&self, endpoint: &str) -> Result<Incoming, EtcdError> {
+        let endpoint = endpoint.trim_end_matches('/');
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{endpoint}/v3/maintenance/snapshot"))
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .map_err(|e| EtcdError::Endpoint {
+                endpoint: endpoint.to_string(),
+                message: e.to_string(),
+            })?;
+        let response = tokio::time::timeout(self.timeout, self.http.request(request))
+            .await
+            .map_err(|_| EtcdError::Timeout {
+                endpoint: endpoint.to_string(),
+                timeout: self.timeout,
+            })?
+            .map_err(|e| EtcdError::Transport {
+                endpoint: endpoint.to_string(),
+                source: Box::new(e),
+            })?;
+        let status = response.status();
+        if status == StatusCode::OK {
+            return Ok(response.into_body());
+        }
+        // A refusal is a short JSON error, never the stream.
+        let body = tokio::time::timeout(self.timeout, response.into_body().collect())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Err(refused(endpoint, status, &body))
     }
 
     /// POST `body` to `path` on each endpoint in turn until one answers.
@@ -524,6 +570,8 @@ struct IdBody {
 struct RawHeader {
     #[serde(default, deserialize_with = "u64_from_string")]
     member_id: u64,
+    #[serde(default, deserialize_with = "u64_from_string")]
+    revision: u64,
 }
 
 #[derive(Deserialize)]
@@ -550,7 +598,7 @@ fn u64_to_string<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::
 
 /// Accepts both a string and a number, since the gateway is only consistent
 /// about strings for 64-bit fields.
-fn u64_from_string<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+pub(crate) fn u64_from_string<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Either {
@@ -607,6 +655,7 @@ mod tests {
             "leader":"7","raftIndex":"12","raftTerm":"2","raftAppliedIndex":"12","isLearner":true}"#;
         let raw: RawStatus = serde_json::from_str(json).unwrap();
         assert_eq!(raw.header.member_id, 5);
+        assert_eq!(raw.header.revision, 1);
         assert_eq!(raw.leader, 7);
         assert!(raw.is_learner);
         assert_eq!(raw.raft_applied_index, 12);

@@ -119,6 +119,7 @@ fn the_leader_is_the_one_most_answers_follow() {
                         is_learner: false,
                         raft_index: 0,
                         raft_applied_index: 0,
+                        revision: 0,
                         errors: vec![],
                     },
                 )
@@ -208,6 +209,7 @@ fn answer(id: u64, version: &str) -> Status {
         is_learner: false,
         raft_index: 10,
         raft_applied_index: 10,
+        revision: 10,
         errors: vec![],
     }
 }

@@ -47,14 +47,7 @@ impl Pki {
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
 
         let ca_key = KeyPair::generate().map_err(Error::Pki)?;
-        let mut ca_params = CertificateParams::default();
-        ca_params.distinguished_name = dn("kok-testenv-ca", None);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let ca_params = ca_params("kok-testenv-ca");
         let ca_cert = ca_params.self_signed(&ca_key).map_err(Error::Pki)?;
         let issuer = Issuer::new(ca_params, &ca_key);
 
@@ -147,6 +140,19 @@ impl Pki {
             ..Kubeconfig::default()
         }
     }
+}
+
+/// What a test CA is: self-signed, unconstrained, signing certificates.
+pub(crate) fn ca_params(common_name: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = dn(common_name, None);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
 }
 
 fn dn(common_name: &str, organization: Option<&str>) -> rcgen::DistinguishedName {
