@@ -160,7 +160,7 @@ pub(crate) async fn install_all(
 
 /// Runs `work` on every host over an SSH session of its own, `parallel`
 /// hosts at once, and returns what that cost; the first error, if any.
-async fn on_every_host(
+pub(crate) async fn on_every_host(
     hosts: &TestHosts,
     parallel: usize,
     work: impl AsyncFn(&Session, &TestHost) -> Result<()>,

@@ -21,9 +21,9 @@ use kok_testenv::node_software;
 use kube::Client;
 use node_operator::install::Installer;
 use node_operator::machine::plan;
-use node_operator::ssh::{Session, Target, Timeouts};
 
 use crate::measure::Meter;
+use crate::provision::on_every_host;
 use crate::workers::site::{Site, probe};
 use crate::workers::timeline::Timeline;
 use crate::workers::{wait_addons, wait_workloads};
@@ -210,78 +210,54 @@ async fn prepare(site: &Site, hosts: &TestHosts, config: &str, prepull: bool) ->
         .and_then(|w| w.spec.artifacts.first())
         .map(|a| a.url.clone())
         .context("no kubelet package")?;
-    let key = hosts.client_private_key_pem();
-    let timeouts = Timeouts {
-        connect: Duration::from_secs(30),
-        run: Duration::from_secs(300),
-    };
-    let work = hosts.hosts().iter().map(|host| {
-        let key = key.clone();
-        let kubeadm_url = kubeadm_url.clone();
-        let kubelet_url = kubelet_url.clone();
-        async move {
-            let machine = node_software::example_machine(host, "zone-0")?;
-            let values = plan::template_values(&machine, &site.cluster_values);
-            let target = Target {
-                ip: host.ip(),
-                port: host.port(),
-                user: "root".into(),
-                private_key_pem: key,
-                host_public_key: host.host_public_key().to_string(),
-            };
-            let session = Session::connect(&target, timeouts).await?;
-            let sysctls: String = machine
-                .spec
-                .sysctls
-                .iter()
-                .map(|(k, v)| format!("sysctl -q -w {k}={v} && "))
-                .collect();
-            // A real host resolves its own name (the installer or
-            // cloud-init writes it into /etc/hosts); kubeadm's preflight
-            // looks it up. /etc is the host's own overlay.
-            let script = format!(
-                "set -e; {sysctls} true
-                 echo '{ip} {name}' >>/etc/hosts
-                 curl -fsS -o /usr/local/bin/kubelet {kubelet_url}
-                 curl -fsS -o /usr/local/bin/kubeadm {kubeadm_url}
-                 chmod 0755 /usr/local/bin/kubelet /usr/local/bin/kubeadm
-                 mkdir -p /etc/systemd/system/kubelet.service.d /etc/kubernetes/manifests
-                 cat >/etc/systemd/system/kubelet.service <<'EOF'\n{KUBELET_UNIT}EOF
-                 cat >/etc/systemd/system/kubelet.service.d/10-kubeadm.conf <<'EOF'\n{KUBEADM_DROP_IN}EOF
-                 printf '[Service]\nEnvironment=\"KUBELET_EXTRA_ARGS=--cgroup-root={} --node-ip={}\"\n' \
-                   >/etc/systemd/system/kubelet.service.d/20-host.conf
-                 systemctl daemon-reload && systemctl enable kubelet.service
-                 cat >/etc/kubernetes/kubeadm.yaml <<'EOF'\n{config}EOF
-                 {pull}",
-                host.cgroup_root(),
-                host.ip(),
-                ip = host.ip(),
-                name = host.name(),
-                pull = if prepull {
-                    "kubeadm config images pull --config /etc/kubernetes/kubeadm.yaml >/dev/null"
-                } else {
-                    ""
-                },
-            );
-            let result = async {
-                let installer = Installer::new(&session);
-                for w in site.packages.iter().filter(|w| w.package != "kubelet") {
-                    installer.install(&w.spec, &values).await?;
-                }
-                let out = session.run(&script).await?;
-                if out.status != 0 {
-                    bail!("{}: {}", host.name(), out.stderr.trim());
-                }
-                Ok(())
-            }
-            .await;
-            session.close().await;
-            result
+    let (kubeadm_url, kubelet_url) = (&kubeadm_url, &kubelet_url);
+    on_every_host(hosts, hosts.hosts().len(), async |session, host| {
+        let machine = node_software::example_machine(host, "zone-0")?;
+        let values = plan::template_values(&machine, &site.cluster_values);
+        let sysctls: String = machine
+            .spec
+            .sysctls
+            .iter()
+            .map(|(k, v)| format!("sysctl -q -w {k}={v} && "))
+            .collect();
+        // A real host resolves its own name (the installer or cloud-init
+        // writes it into /etc/hosts); kubeadm's preflight looks it up. /etc
+        // is the host's own overlay.
+        let script = format!(
+            "set -e; {sysctls} true
+             echo '{ip} {name}' >>/etc/hosts
+             curl -fsS -o /usr/local/bin/kubelet {kubelet_url}
+             curl -fsS -o /usr/local/bin/kubeadm {kubeadm_url}
+             chmod 0755 /usr/local/bin/kubelet /usr/local/bin/kubeadm
+             mkdir -p /etc/systemd/system/kubelet.service.d /etc/kubernetes/manifests
+             cat >/etc/systemd/system/kubelet.service <<'EOF'\n{KUBELET_UNIT}EOF
+             cat >/etc/systemd/system/kubelet.service.d/10-kubeadm.conf <<'EOF'\n{KUBEADM_DROP_IN}EOF
+             printf '[Service]\nEnvironment=\"KUBELET_EXTRA_ARGS=--cgroup-root={} --node-ip={}\"\n' \
+               >/etc/systemd/system/kubelet.service.d/20-host.conf
+             systemctl daemon-reload && systemctl enable kubelet.service
+             cat >/etc/kubernetes/kubeadm.yaml <<'EOF'\n{config}EOF
+             {pull}",
+            host.cgroup_root(),
+            host.ip(),
+            ip = host.ip(),
+            name = host.name(),
+            pull = if prepull {
+                "kubeadm config images pull --config /etc/kubernetes/kubeadm.yaml >/dev/null"
+            } else {
+                ""
+            },
+        );
+        let installer = Installer::new(session);
+        for w in site.packages.iter().filter(|w| w.package != "kubelet") {
+            installer.install(&w.spec, &values).await?;
         }
-    });
-    for result in futures::future::join_all(work).await {
-        result?;
-    }
+        let out = session.run(&script).await?;
+        if out.status != 0 {
+            bail!("{}: {}", host.name(), out.stderr.trim());
+        }
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
