@@ -519,7 +519,6 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
     };
     let before = inventory.clone();
 
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let mut kinds = Kinds::default();
     let mut applied: Vec<String> = Vec::new();
     let mut failed: Vec<String> = Vec::new();
@@ -537,6 +536,7 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                     }
                     Ok(rendered) => {
                         let record = inventory.get(&planned.name);
+                        let now = time::OffsetDateTime::now_utc().unix_timestamp();
                         let fresh = match record {
                             Some(r)
                                 if r.hash == rendered.hash
@@ -584,7 +584,8 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
                                             Record {
                                                 version: planned.version.clone(),
                                                 hash: rendered.hash.clone(),
-                                                applied_at: now,
+                                                applied_at: time::OffsetDateTime::now_utc()
+                                                    .unix_timestamp(),
                                                 objects: refs,
                                             },
                                         );
