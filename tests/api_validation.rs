@@ -63,6 +63,50 @@ fn cases() -> Vec<Case> {
             "set exactly one of etcd.storage.claimTemplate or etcd.storage.volumeSource",
         ),
         c(
+            "backup schedule both",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/backup",
+                json!({"schedule": {"every": "1h", "cron": "0 * * * *"},
+                       "s3": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                              "credentialsSecret": "s3"}}),
+            )]),
+            "set exactly one of etcd.backup.schedule.every or etcd.backup.schedule.cron",
+        ),
+        c(
+            "backup prefix escaping",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/backup",
+                json!({"schedule": {"every": "1h"},
+                       "s3": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                              "prefix": "team-a/../team-b", "credentialsSecret": "s3"}}),
+            )]),
+            "etcd.backup.s3.prefix may not contain . or .. segments",
+        ),
+        c(
+            "backup endpoint with a path",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/backup",
+                json!({"schedule": {"every": "1h"},
+                       "s3": {"endpoint": "https://user@s3.example.com/x", "bucket": "etcd",
+                              "credentialsSecret": "s3"}}),
+            )]),
+            "spec.etcd.backup.s3.endpoint",
+        ),
+        c(
+            "backup retention zero",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/backup",
+                json!({"schedule": {"every": "1h"}, "retention": {"count": 0},
+                       "s3": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                              "credentialsSecret": "s3"}}),
+            )]),
+            "spec.etcd.backup.retention.count",
+        ),
+        c(
             "etcd storage none",
             "Cluster",
             Create(vec![("spec/etcd/storage/volumeSource", Value::Null)]),

@@ -197,6 +197,114 @@ pub struct EtcdSpec {
     pub component: ComponentSpec,
     /// Where each member keeps its data. Cannot change after creation.
     pub storage: EtcdStorage,
+    /// Scheduled snapshots of the cluster's etcd, taken from a healthy
+    /// member and kept in S3-compatible storage. Absent: no snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<EtcdBackup>,
+}
+
+/// When etcd snapshots are taken, how many are kept and where they go.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdBackup {
+    /// When to take them.
+    pub schedule: BackupSchedule,
+    /// Which to keep; the others are deleted after each new snapshot. The
+    /// newest is never deleted.
+    #[serde(default)]
+    pub retention: BackupRetention,
+    /// The S3-compatible storage they are written to.
+    pub s3: S3Destination,
+    /// Takes no scheduled snapshot while true; one asked for with
+    /// `kubectl kok cluster backup` is still taken.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+}
+
+/// Exactly one of `every` or `cron`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.every) != has(self.cron)").message("set exactly one of etcd.backup.schedule.every or etcd.backup.schedule.cron"))]
+pub struct BackupSchedule {
+    /// The time from one snapshot to the next, as `30m` or `6h`; the first
+    /// is taken as soon as etcd serves. The operator's
+    /// `--backup-min-interval` (default 5m) is the shortest it accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub every: Option<String>,
+    /// A five-field cron expression in UTC (`minute hour day month
+    /// weekday`), as `0 */6 * * *`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 9, max = 128))]
+    pub cron: Option<String>,
+}
+
+/// Which snapshots are kept.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRetention {
+    /// The newest this many are kept.
+    #[serde(default = "default_retention_count")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub count: u32,
+    /// Snapshots older than this (as `168h`) are deleted even within
+    /// `count`, except the newest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = DURATION_PATTERN))]
+    pub max_age: Option<String>,
+}
+
+fn default_retention_count() -> u32 {
+    7
+}
+
+impl Default for BackupRetention {
+    fn default() -> Self {
+        BackupRetention {
+            count: default_retention_count(),
+            max_age: None,
+        }
+    }
+}
+
+/// A bucket (and prefix) in S3-compatible storage. The operator's
+/// `--backup-endpoints` lists the endpoints a Cluster may name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.prefix) || !self.prefix.matches('(^|/)[.][.]?(/|$)')").message("etcd.backup.s3.prefix may not contain . or .. segments"))]
+pub struct S3Destination {
+    /// `https://host[:port]`; requests are path-style.
+    #[schemars(
+        length(min = 9, max = 512),
+        regex(pattern = r"^https?://[^/?#@\s]+/?$")
+    )]
+    pub endpoint: String,
+    /// The bucket; it must exist.
+    #[schemars(
+        length(min = 3, max = 63),
+        regex(pattern = r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
+    )]
+    pub bucket: String,
+    /// Where in the bucket (default: `<namespace>/<cluster>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 512),
+        regex(pattern = r"^[A-Za-z0-9!_.*'()/-]+$")
+    )]
+    pub prefix: Option<String>,
+    /// The region requests are signed for (default `us-east-1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[a-z0-9-]+$"))]
+    pub region: Option<String>,
+    /// Secret in the Cluster's namespace with keys `accessKeyID` and
+    /// `secretAccessKey`.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub credentials_secret: String,
+    /// Secret in the Cluster's namespace whose key `ca.crt` holds the PEM
+    /// CA certificates to trust for the endpoint (default: the system's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub ca_secret: Option<String>,
 }
 
 /// Exactly one of `claimTemplate` or `volumeSource`.
@@ -490,6 +598,61 @@ pub struct ClusterStatus {
     /// [`REPLACE_AUTHORITIES_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_authorities: Option<AuthorityFingerprints>,
+    /// etcd snapshots: the last one taken, the ones kept, the next due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupStatus>,
+}
+
+/// Annotation on a Cluster asking for an etcd snapshot now: any new value
+/// (`kubectl kok cluster backup` writes the time). The operator records the
+/// value it answered in `status.backup.lastRequest`.
+pub const BACKUP_REQUEST_ANNOTATION: &str = "kubeonkube.io/backup-requested";
+
+/// What the operator knows of a Cluster's etcd snapshots.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The newest snapshot taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_snapshot: Option<SnapshotRecord>,
+    /// The snapshots kept in storage after the last retention pass, newest
+    /// first (at most 50 are listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotRecord>,
+    /// When the last attempt, successful or not, started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<Time>,
+    /// When the next scheduled snapshot is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_due: Option<Time>,
+    /// Attempts that failed since the last success.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub consecutive_failures: u32,
+    /// The last value of the `kubeonkube.io/backup-requested` annotation
+    /// answered, successfully or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// One snapshot in storage.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRecord {
+    /// Its name; the objects are `<prefix>/<name>.db` and its manifest.
+    pub name: String,
+    /// When it was taken.
+    pub taken_at: Time,
+    /// The etcd revision it holds.
+    pub revision: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The business cluster's Kubernetes version when it was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
 }
 
 /// Annotation on a Cluster that allows one recorded certificate authority or

@@ -12,7 +12,7 @@ use kube_on_kube_api::cluster::{ClusterMode, ExposureType};
 use crate::cluster::{self, CreateArgs};
 use crate::error::Error;
 use crate::output::Output;
-use crate::{canary, machine};
+use crate::{backup, canary, machine};
 
 /// Manage kube-on-kube business clusters and their machines.
 ///
@@ -120,6 +120,26 @@ enum ClusterCommand {
         /// List Clusters in every namespace.
         #[arg(short = 'A', long)]
         all_namespaces: bool,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Take an etcd snapshot of a Cluster now, whatever its schedule, and
+    /// wait for the operator's answer: the snapshot's name and size, or why
+    /// it failed (exit status 1; 2 when no answer came in time). The Cluster
+    /// must set spec.etcd.backup.
+    Backup {
+        /// Name of the Cluster.
+        name: String,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "10m", value_parser = duration)]
+        timeout: Duration,
+    },
+    /// List the etcd snapshots the operator keeps of a Cluster, newest
+    /// first (from its status, as of its last snapshot).
+    Snapshots {
+        /// Name of the Cluster.
+        name: String,
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -237,6 +257,12 @@ impl Cli {
                 } => {
                     let ns = (!all_namespaces).then_some(namespace.as_str());
                     cluster::list(client, ns, output).await
+                }
+                ClusterCommand::Backup { name, timeout } => {
+                    backup::backup(client, &namespace, &name, timeout).await
+                }
+                ClusterCommand::Snapshots { name, output } => {
+                    backup::snapshots(client, &namespace, &name, output).await
                 }
             },
             Command::Machine(MachineCommand::List { output }) => {

@@ -200,7 +200,7 @@ fn host_of(url: &str) -> Option<&str> {
     authority.split(':').next().filter(|h| !h.is_empty())
 }
 
-fn call<'a>(verb: &'static str, name: Option<&'a str>, namespace: &'a str) -> Call<'a> {
+pub(crate) fn call<'a>(verb: &'static str, name: Option<&'a str>, namespace: &'a str) -> Call<'a> {
     Call {
         verb,
         kind: "Cluster",

@@ -57,6 +57,10 @@ pub enum Error {
     /// A wait ran out of time.
     #[error("{0}")]
     Timeout(String),
+    /// What the command asked for was tried and failed; the message says
+    /// why.
+    #[error("{0}")]
+    Failed(String),
     /// Bad command-line input.
     #[error("{0}")]
     Usage(String),
@@ -90,6 +94,7 @@ impl Error {
             Error::Forbidden { .. } => "forbidden",
             Error::Api { .. } => "api",
             Error::Timeout(_) => "timeout",
+            Error::Failed(_) => "failed",
             Error::Usage(_) => "usage",
             Error::Io { .. } => "io",
             Error::Format { .. } => "format",

@@ -3,6 +3,7 @@
 //! for it, print its kubeconfig, delete it). Installed as `kubectl-kok` (so
 //! `kubectl kok …` works) and as `kokctl`.
 
+pub mod backup;
 pub mod canary;
 pub mod cli;
 pub mod cluster;

@@ -54,7 +54,7 @@ impl Default for Config {
 }
 
 /// What the operator's flags allow a Cluster spec beyond its defaults.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// Images allowed besides the repositories of the built-in defaults
     /// (see [`crate::policy::image_allowed`] for the forms).
@@ -62,4 +62,19 @@ pub struct Policy {
     /// Node directories under which `<prefix>/<namespace>` may hold a
     /// Cluster's etcd data; none: no hostPath is allowed.
     pub host_path_prefixes: Vec<String>,
+    /// S3 endpoints etcd snapshots may go to; none: no Cluster may name one.
+    pub backup_endpoints: Vec<String>,
+    /// The shortest interval between scheduled snapshots.
+    pub backup_min_interval: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            images: Vec::new(),
+            host_path_prefixes: Vec::new(),
+            backup_endpoints: Vec::new(),
+            backup_min_interval: Duration::from_secs(300),
+        }
+    }
 }

@@ -31,6 +31,8 @@ pub struct Domain {
     /// Label sets of the etcd series, so a cluster's stale ones can be removed.
     etcd_series: Mutex<BTreeSet<Labels>>,
     addon_attempts: Family<Labels, Counter>,
+    backups: Arc<Backups>,
+    backup_failures: Family<Labels, Counter>,
 }
 
 impl Domain {
@@ -50,11 +52,21 @@ impl Domain {
             "Attempts of a Cluster's add-on step, by whether they ran alone (pass=alone: a retry while nothing else of the Cluster changed) or in a full reconcile (pass=full)",
             addon_attempts.clone(),
         );
+        let backups = Arc::new(Backups::default());
+        metrics.register_collector(Box::new(backups.clone()));
+        let backup_failures = Family::<Labels, Counter>::default();
+        metrics.register(
+            "etcd_backup_failures",
+            "Failed etcd snapshot attempts of a Cluster, by namespace, cluster and reason (the BackupReady reason)",
+            backup_failures.clone(),
+        );
         Domain {
             certificate_expiry,
             etcd_member_healthy,
             etcd_series: Mutex::default(),
             addon_attempts,
+            backups,
+            backup_failures,
         }
     }
 
@@ -63,6 +75,27 @@ impl Domain {
         let pass = if alone { "alone" } else { "full" };
         self.addon_attempts
             .get_or_create(&vec![("pass", pass.to_string())])
+            .inc();
+    }
+
+    /// Record a stored snapshot of a Cluster: taken at `taken_at`, in `took`.
+    pub fn backup_taken(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        taken_at: k8s_openapi::jiff::Timestamp,
+        took: Duration,
+    ) {
+        self.backups.lock().insert(
+            cluster_labels_prefix(namespace, cluster),
+            (taken_at.as_second(), took.as_secs_f64()),
+        );
+    }
+
+    /// Count a failed snapshot attempt of a Cluster.
+    pub fn backup_failed(&self, namespace: &str, cluster: &str, reason: &str) {
+        self.backup_failures
+            .get_or_create(&cluster_labels(namespace, cluster, "reason", reason))
             .inc();
     }
 
@@ -114,6 +147,9 @@ impl Domain {
             .lock()
             .retain(|labels, _| !of_cluster(labels, namespace, cluster));
         self.replace_etcd_series(namespace, cluster, BTreeSet::new());
+        self.backups
+            .lock()
+            .remove(&cluster_labels_prefix(namespace, cluster));
     }
 
     /// Drop the per-cluster series of every Cluster not in `live`
@@ -125,6 +161,9 @@ impl Domain {
             _ => None,
         };
         for labels in self.certificate_expiry.lock().keys() {
+            gone.extend(key(labels));
+        }
+        for labels in self.backups.lock().keys() {
             gone.extend(key(labels));
         }
         for labels in self
@@ -261,6 +300,51 @@ impl Collector for CertificateExpiry {
             #[allow(clippy::cast_precision_loss)]
             let left = *at as f64 - now;
             ConstGauge::new(left).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// `kok_etcd_backup_age_seconds` (computed when scraped) and
+/// `kok_etcd_backup_duration_seconds` of each Cluster's last stored snapshot.
+#[derive(Debug, Default)]
+struct Backups {
+    /// Per Cluster: when the last snapshot was taken (Unix seconds), and
+    /// how long taking and storing it took.
+    last: Mutex<BTreeMap<Labels, (i64, f64)>>,
+}
+
+impl Backups {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Labels, (i64, f64)>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Collector for Backups {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        let map = self.lock();
+        let mut age = encoder.encode_descriptor(
+            "etcd_backup_age_seconds",
+            "Seconds since a Cluster's last stored etcd snapshot was taken, by namespace and cluster",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (labels, (at, _)) in map.iter() {
+            #[allow(clippy::cast_precision_loss)]
+            ConstGauge::new(now - *at as f64).encode(age.encode_family(labels)?)?;
+        }
+        let mut duration = encoder.encode_descriptor(
+            "etcd_backup_duration_seconds",
+            "Seconds the last stored etcd snapshot of a Cluster took to take, upload and apply retention, by namespace and cluster",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (labels, (_, took)) in map.iter() {
+            ConstGauge::new(*took).encode(duration.encode_family(labels)?)?;
         }
         Ok(())
     }

@@ -57,6 +57,19 @@ pub struct PolicyArgs {
     /// `Allowed=False` (reason `HostPathNotAllowed`) and is not changed.
     #[arg(long, env = "KOK_ETCD_HOST_PATH_PREFIXES", value_delimiter = ',', value_parser = host_path_prefix)]
     pub etcd_host_path_prefixes: Vec<String>,
+    /// S3 endpoints Clusters may write etcd snapshots to
+    /// (`spec.etcd.backup.s3.endpoint`), comma-separated, each
+    /// `https://host[:port]` (or `http://` for storage on a trusted local
+    /// network). Default: none, no Cluster may name one (the operator would
+    /// otherwise send signed requests to any address a tenant writes, from
+    /// inside the meta-cluster's network). A Cluster naming another gets
+    /// `BackupReady=False` (reason `EndpointNotAllowed`); its etcd runs on.
+    #[arg(long, env = "KOK_BACKUP_ENDPOINTS", value_delimiter = ',', value_parser = backup_endpoint)]
+    pub backup_endpoints: Vec<String>,
+    /// The shortest `spec.etcd.backup.schedule.every` a Cluster may ask for
+    /// (as `5m`); a shorter one is taken as this.
+    #[arg(long, env = "KOK_BACKUP_MIN_INTERVAL", default_value = "5m", value_parser = kok_common::duration::parse)]
+    pub backup_min_interval: std::time::Duration,
 }
 
 impl PolicyArgs {
@@ -65,8 +78,38 @@ impl PolicyArgs {
         Policy {
             images: self.allowed_image_prefixes.clone(),
             host_path_prefixes: self.etcd_host_path_prefixes.clone(),
+            backup_endpoints: self.backup_endpoints.clone(),
+            backup_min_interval: self.backup_min_interval,
         }
     }
+}
+
+/// A backup endpoint flag entry: `http(s)://host[:port]`, nothing after.
+fn backup_endpoint(text: &str) -> Result<String, String> {
+    let text = text.trim().trim_end_matches('/');
+    let ok = text
+        .strip_prefix("https://")
+        .or_else(|| text.strip_prefix("http://"))
+        .is_some_and(|rest| {
+            !rest.is_empty()
+                && rest
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-.:[]".contains(c))
+        });
+    if ok {
+        Ok(text.to_ascii_lowercase())
+    } else {
+        Err(format!(
+            "{text:?} is not an endpoint such as https://s3.example.com or https://10.0.0.5:9000"
+        ))
+    }
+}
+
+/// Whether the operator's `--backup-endpoints` lists `endpoint` (compared
+/// without a trailing `/`, the scheme and host case-insensitively).
+pub fn backup_endpoint_allowed(policy: &Policy, endpoint: &str) -> bool {
+    let endpoint = endpoint.trim_end_matches('/').to_ascii_lowercase();
+    policy.backup_endpoints.contains(&endpoint)
 }
 
 /// An allowed-image flag entry: `*`, or a reference prefix without spaces.
@@ -426,6 +469,7 @@ mod tests {
             policy: Policy {
                 images: images.iter().map(|s| s.to_string()).collect(),
                 host_path_prefixes: host_paths.iter().map(|s| s.to_string()).collect(),
+                ..Policy::default()
             },
             ..Config::default()
         }

@@ -147,11 +147,16 @@ pub fn build(
             slot.version = plan.running(c).map(str::to_string);
         }
     }
-    let mut conditions = cluster
+    // The backup controller's condition is its own to write: a copy read
+    // before its last write would put back what it replaced.
+    let mut conditions: Vec<_> = cluster
         .status
         .as_ref()
         .map(|s| s.conditions.clone())
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != crate::backup::scheduled::BACKUP_READY)
+        .collect();
     let mut set = |type_: &'static str,
                    ok: bool,
                    reason_ok: &'static str,
@@ -377,6 +382,8 @@ pub fn build(
         certificates_expire_at: observed.certificates_expire_at.map(Time),
         // Written by the PKI step under its own field manager.
         certificate_authorities: None,
+        // Written by the backup controller under its own field manager.
+        backup: None,
     }
 }
 

@@ -131,15 +131,17 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
                 &selector,
             ),
         ));
-    kok_common::controller::run(
+    // Snapshots run beside, never inside, the Cluster's passes.
+    let backups = crate::backup::scheduled::run(client.clone(), namespace, ctx.clone());
+    let clusters = kok_common::controller::run(
         "cluster",
         controller,
         reconcile,
         error_policy,
         ctx,
         Error::category,
-    )
-    .await;
+    );
+    futures::join!(clusters, backups);
 }
 
 /// Passes on the events of a Cluster's objects, ending the Cluster's wait

@@ -72,9 +72,13 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 /// How to start the server.
 #[derive(Debug, Clone)]
 pub struct S3Options {
-    /// Serve HTTPS with a certificate for `127.0.0.1` and `localhost`
-    /// signed by a CA of its own ([`S3Server::ca_pem`]); else plain HTTP.
+    /// Serve HTTPS with a certificate for its address, `127.0.0.1` and
+    /// `localhost` signed by a CA of its own ([`S3Server::ca_pem`]); else
+    /// plain HTTP.
     pub tls: bool,
+    /// The address to listen on: loopback, or an address Pods reach (the
+    /// Pod runner's gateway, [`crate::pods::PodRunner::gateway`]).
+    pub listen: Ipv4Addr,
     /// The bucket created before the server starts.
     pub bucket: String,
 }
@@ -84,6 +88,7 @@ impl Default for S3Options {
         S3Options {
             tls: true,
             bucket: "backups".into(),
+            listen: Ipv4Addr::LOCALHOST,
         }
     }
 }
@@ -115,7 +120,7 @@ pub fn etcdutl() -> Result<PathBuf, Error> {
 }
 
 impl S3Server {
-    /// Starts versitygw on `127.0.0.1` at a free port with a new root
+    /// Starts versitygw on `options.listen` at a free port with a new root
     /// access key and secret, `options.bucket` already created, and waits
     /// until it accepts connections.
     pub fn start(options: &S3Options) -> Result<S3Server, Error> {
@@ -131,7 +136,7 @@ impl S3Server {
         std::fs::create_dir_all(root.join(&options.bucket))
             .map_err(io(format!("creating the bucket under {}", root.display())))?;
         let tls = if options.tls {
-            Some(write_certificates(&workdir.state)?)
+            Some(write_certificates(&workdir.state, options.listen)?)
         } else {
             None
         };
@@ -139,11 +144,11 @@ impl S3Server {
         let secret_access_key = secret();
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
-            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            let port = TcpListener::bind((options.listen, 0))
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
-                .map_err(io("finding a free loopback port"))?;
-            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+                .map_err(io(format!("finding a free port on {}", options.listen)))?;
+            let addr = SocketAddr::from((options.listen, port));
             let log = workdir.logs.join(format!("versitygw-{port}.log"));
             let mut command = Command::new(&bin);
             command
@@ -196,7 +201,7 @@ impl S3Server {
         }))
     }
 
-    /// `https://127.0.0.1:PORT` (or `http://` without TLS).
+    /// `https://ADDRESS:PORT` (or `http://` without TLS).
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
         format!("{scheme}://{}", self.addr)
@@ -319,16 +324,19 @@ struct Tls {
     key: PathBuf,
 }
 
-/// A CA, and a serving certificate it signed for `127.0.0.1` and
-/// `localhost`, written under `dir`.
-fn write_certificates(dir: &Path) -> Result<Tls, Error> {
+/// A CA, and a serving certificate it signed for `127.0.0.1`,
+/// `localhost` and `listen`, written under `dir`.
+fn write_certificates(dir: &Path, listen: Ipv4Addr) -> Result<Tls, Error> {
     let ca_key = KeyPair::generate().map_err(Error::Pki)?;
     let ca_params = ca_params("kok-testenv-s3-ca");
     let ca_cert = ca_params.self_signed(&ca_key).map_err(Error::Pki)?;
     let issuer = Issuer::new(ca_params, &ca_key);
     let key = KeyPair::generate().map_err(Error::Pki)?;
-    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .map_err(Error::Pki)?;
+    let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    if listen != Ipv4Addr::LOCALHOST {
+        names.push(listen.to_string());
+    }
+    let mut params = CertificateParams::new(names).map_err(Error::Pki)?;
     params
         .distinguished_name
         .push(DnType::CommonName, "versitygw");

@@ -7,6 +7,7 @@
 //! own TLS stack. [`take`] puts them together.
 
 pub mod manifest;
+pub mod scheduled;
 pub mod snapshot;
 pub mod store;
 pub mod transport;

@@ -535,6 +535,25 @@ impl SnapshotStore {
         Ok(manifests)
     }
 
+    /// Deletes the snapshot `manifest` describes: the manifest first, so a
+    /// deletion cut short leaves an unlisted data object, never a listed
+    /// snapshot without its data. Objects already gone are not an error.
+    pub async fn delete(&self, manifest: &Manifest) -> Result<(), StoreError> {
+        for object in [manifest.manifest_object(), manifest.object.clone()] {
+            let key = self.key(&object);
+            match self.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(StoreError::from_storage(
+                        format!("deleting {}", self.shown(&key)),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// object_store reports a refused listing as a generic error with the
     /// status in text only; one HEAD, whose refusal it does classify, tells
     /// refused credentials from other failures.

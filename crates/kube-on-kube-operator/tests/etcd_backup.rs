@@ -1,0 +1,451 @@
+//! Scheduled etcd snapshots carried out by the operator, running as a Pod,
+//! of a Cluster whose control plane runs as real processes, into a real
+//! S3-compatible server (versitygw) the operator's Pod reaches over the Pod
+//! network:
+//!
+//! - snapshots on an interval while the business API serves reads and
+//!   writes (none may fail), retention keeping exactly its count, what is
+//!   listed in status being what is in storage, each a whole etcd database;
+//! - `kubectl kok cluster backup` and `snapshots` against it;
+//! - each bad setting (an endpoint the operator does not allow, one that
+//!   does not answer, wrong credentials, a missing Secret, a CA that does
+//!   not sign the server) gives its `BackupReady` reason and an Event, and
+//!   leaves every stored snapshot as it was;
+//! - the API server refuses a schedule with both or neither of `every` and
+//!   `cron`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::pods::PodRunner;
+use kok_testenv::s3::{S3Options, S3Server};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::{BACKUP_REQUEST_ANNOTATION, ClusterMode};
+use kube_on_kube_operator::backup::{Manifest, SnapshotStore, StoreConfig};
+use serde_json::{Value, json};
+
+fn runner() -> &'static PodRunner {
+    static RUNNER: OnceLock<PodRunner> = OnceLock::new();
+    RUNNER.get_or_init(|| start_runner(vec![]))
+}
+
+const READY: Duration = Duration::from_secs(300);
+const ANSWER: Duration = Duration::from_secs(120);
+
+/// `kubectl-kok`, built beside the operator by `cargo build --workspace
+/// --bins` (scripts/test.sh builds it before the tests).
+fn kubectl_kok() -> PathBuf {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_kube-on-kube-operator"))
+        .with_file_name("kubectl-kok");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// A kubeconfig file for the meta-cluster, for `kubectl-kok`.
+fn meta_kubeconfig() -> PathBuf {
+    KubeEnv::shared().kubeconfig_path().to_path_buf()
+}
+
+fn kok(ns: &str, args: &[&str]) -> std::process::Output {
+    Command::new(kubectl_kok())
+        .arg("--kubeconfig")
+        .arg(meta_kubeconfig())
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .expect("run kubectl-kok")
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+    let data: serde_json::Map<String, Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data})).expect("secret")
+}
+
+async fn put_secret(client: &Client, ns: &str, secret: &Secret) {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            &secret.name_any(),
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(secret),
+        )
+        .await
+        .expect("secret");
+}
+
+/// What the test reads of the storage: the operator's own store code,
+/// pointed at the same bucket and prefix.
+fn store(s3: &S3Server, prefix: &str) -> SnapshotStore {
+    let mut config = StoreConfig::new(
+        s3.endpoint(),
+        s3.bucket(),
+        prefix,
+        s3.access_key_id(),
+        s3.secret_access_key(),
+    );
+    config.ca_pem = s3.ca_pem().map(str::to_owned);
+    SnapshotStore::new(&config).expect("store")
+}
+
+async fn stored(store: &SnapshotStore) -> Vec<Manifest> {
+    store.list().await.expect("list snapshots")
+}
+
+fn backup_status(c: &Cluster) -> Value {
+    serde_json::to_value(c.status.as_ref().and_then(|s| s.backup.clone())).unwrap_or_default()
+}
+
+/// Ask for a snapshot with the annotation and wait for the operator's
+/// answer; returns the Cluster as answered.
+async fn ask(clusters: &Api<Cluster>, name: &str, token: &str) -> Cluster {
+    clusters
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {BACKUP_REQUEST_ANNOTATION: token}}})),
+        )
+        .await
+        .expect("annotate");
+    wait_cluster(
+        clusters,
+        name,
+        &format!("the operator to answer request {token}"),
+        ANSWER,
+        |c| backup_status(c)["lastRequest"] == token,
+    )
+    .await
+}
+
+async fn set_backup(clusters: &Api<Cluster>, name: &str, backup: Value) {
+    clusters
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"etcd": {"backup": backup}}})),
+        )
+        .await
+        .expect("patch backup");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() {
+    let runner = runner();
+    let s3 = S3Server::start(&S3Options {
+        listen: runner.gateway(),
+        ..Default::default()
+    })
+    .expect("versitygw");
+    // An allowed endpoint nothing listens on.
+    let closed = {
+        let listener = TcpListener::bind((runner.gateway(), 0)).expect("port");
+        let port = listener.local_addr().expect("addr").port();
+        drop(listener);
+        format!("https://{}:{port}", runner.gateway())
+    };
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("backup").await;
+    grant_operator(&client, &ns).await;
+    start_operator_pod_with(
+        &client,
+        &ns,
+        &runner.nodes()[0],
+        &[
+            format!("--backup-endpoints={},{closed}", s3.endpoint()),
+            "--backup-min-interval=1s".into(),
+        ],
+    )
+    .await;
+    put_secret(
+        &client,
+        &ns,
+        &secret(
+            "s3-credentials",
+            &[
+                ("accessKeyID", s3.access_key_id()),
+                ("secretAccessKey", s3.secret_access_key()),
+            ],
+        ),
+    )
+    .await;
+    put_secret(
+        &client,
+        &ns,
+        &secret("s3-ca", &[("ca.crt", s3.ca_pem().expect("tls"))]),
+    )
+    .await;
+
+    // The API server refuses a schedule that is not exactly one kind.
+    let name = "bk";
+    let mut cluster = test_cluster(&ns, name, ClusterMode::Minimal);
+    let destination = json!({
+        "endpoint": s3.endpoint(),
+        "bucket": s3.bucket(),
+        "credentialsSecret": "s3-credentials",
+        "caSecret": "s3-ca",
+    });
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    for schedule in [json!({}), json!({"every": "1h", "cron": "0 * * * *"})] {
+        cluster.spec.etcd.backup = Some(
+            serde_json::from_value(json!({"schedule": schedule, "s3": destination}))
+                .expect("backup"),
+        );
+        let refused = clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .expect_err("a schedule with both or neither of every and cron");
+        assert!(
+            refused
+                .to_string()
+                .contains("exactly one of etcd.backup.schedule"),
+            "{refused}"
+        );
+    }
+
+    // Every 3 s (the operator's minimum is lowered to 1 s), keep 2.
+    cluster.spec.etcd.backup = Some(
+        serde_json::from_value(json!({
+            "schedule": {"every": "3s"},
+            "retention": {"count": 2},
+            "s3": destination,
+        }))
+        .expect("backup"),
+    );
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+    let started = Instant::now();
+    wait_cluster(&clusters, name, "the API server to serve", READY, |c| {
+        condition(c, "APIServerReady").as_deref() == Some("True")
+    })
+    .await;
+    println!("{name}: API ready after {:?}", started.elapsed());
+    let business = business_client(&client, &ns, name).await;
+    let maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
+    let probe: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "probe"}})).expect("configmap");
+    maps.create(&PostParams::default(), &probe)
+        .await
+        .expect("probe");
+    let poller = Poller::start(business.clone(), "default", "probe");
+
+    // Writes throughout, while snapshots are taken: every one must succeed.
+    let mut names = BTreeSet::new();
+    let mut written = 0u32;
+    let watching = Instant::now();
+    while names.len() < 4 {
+        assert!(
+            watching.elapsed() < Duration::from_secs(180),
+            "4 snapshots not taken in 180 s; saw {names:?}; status {}",
+            backup_status(&clusters.get(name).await.expect("cluster"))
+        );
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("object-{written}")},
+            "data": {"n": written.to_string()},
+        }))
+        .expect("configmap");
+        maps.create(&PostParams::default(), &map)
+            .await
+            .unwrap_or_else(|e| panic!("write {written} while snapshots run: {e}"));
+        written += 1;
+        let c = clusters.get(name).await.expect("cluster");
+        if let Some(last) = backup_status(&c)["lastSnapshot"]["name"].as_str() {
+            names.insert(last.to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let polled = poller.stop().await;
+    println!(
+        "{} snapshots in {:?}, {written} objects written, reads {polled:?}",
+        names.len(),
+        watching.elapsed()
+    );
+    assert_eq!(polled.failed, 0, "{polled:?}");
+    assert!(polled.ok > 10, "{polled:?}");
+
+    // Suspended: the count holds still for the checks below.
+    set_backup(&clusters, name, json!({"suspend": true})).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let prefix = format!("{ns}/{name}");
+    let store = store(&s3, &prefix);
+    let kept = stored(&store).await;
+    let c = clusters.get(name).await.expect("cluster");
+    let status = c.status.clone().expect("status").backup.expect("backup");
+    assert_eq!(kept.len(), 2, "retention keeps 2: {kept:?}");
+    let listed: Vec<&str> = status.snapshots.iter().map(|s| s.name.as_str()).collect();
+    let in_store: Vec<&str> = kept.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(listed, in_store, "status lists what is stored");
+    let last = status.last_snapshot.clone().expect("last snapshot");
+    assert_eq!(last.name, kept[0].name);
+    assert_eq!(last.size, kept[0].size);
+    assert_eq!(
+        last.kubernetes_version.as_deref(),
+        Some(c.spec.version.as_str())
+    );
+    assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
+    assert!(
+        status.next_due.is_none(),
+        "suspended: nothing due: {status:?}"
+    );
+    assert!(
+        !event_notes(&client, &ns, name, "SnapshotTaken")
+            .await
+            .is_empty(),
+        "an Event per snapshot"
+    );
+    // Each a whole database: etcdutl reads it, at the revision recorded.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for m in &kept {
+        let file = dir.path().join(format!("{}.db", m.name));
+        store.download(m, &file).await.expect("download");
+        let out = Command::new(kok_testenv::s3::etcdutl().expect("etcdutl"))
+            .args(["snapshot", "status", "-w", "json"])
+            .arg(&file)
+            .output()
+            .expect("etcdutl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status: Value = serde_json::from_slice(&out.stdout).expect("etcdutl json");
+        assert!(
+            status["revision"].as_u64().unwrap_or(0) >= m.etcd_revision,
+            "{status} {m:?}"
+        );
+    }
+
+    // kubectl kok: one snapshot now, whatever the schedule; then the list.
+    let out = kok(&ns, &["cluster", "backup", name, "--timeout", "2m"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("stored after"), "{said}");
+    let after = stored(&store).await;
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert_eq!(
+        after[1].name, kept[0].name,
+        "the oldest went, the newest stayed"
+    );
+    let out = kok(&ns, &["cluster", "snapshots", name]);
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{table}");
+    for m in &after {
+        assert!(table.contains(&m.name), "{table}");
+    }
+
+    // Bad settings: each its reason and an Event; nothing stored changes.
+    let good = destination.clone();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "not allowed",
+            json!({"endpoint": "https://192.0.2.10:9000"}),
+            "EndpointNotAllowed",
+        ),
+        (
+            "not answering",
+            json!({"endpoint": closed}),
+            "BackupUnreachable",
+        ),
+        (
+            "missing credentials",
+            json!({"credentialsSecret": "no-such-secret"}),
+            "CredentialsMissing",
+        ),
+        (
+            "wrong credentials",
+            json!({"credentialsSecret": "s3-wrong"}),
+            "BackupDenied",
+        ),
+        (
+            "untrusted",
+            json!({"caSecret": "other-ca"}),
+            "BackupUntrusted",
+        ),
+    ];
+    put_secret(
+        &client,
+        &ns,
+        &secret(
+            "s3-wrong",
+            &[
+                ("accessKeyID", s3.access_key_id()),
+                ("secretAccessKey", "not-the-secret"),
+            ],
+        ),
+    )
+    .await;
+    let other = S3Server::start(&S3Options::default()).expect("a second server, for its CA");
+    put_secret(
+        &client,
+        &ns,
+        &secret("other-ca", &[("ca.crt", other.ca_pem().expect("tls"))]),
+    )
+    .await;
+    for (i, (what, change, reason)) in cases.iter().enumerate() {
+        let mut s3 = good.clone();
+        for (k, v) in change.as_object().expect("object") {
+            s3[k] = v.clone();
+        }
+        set_backup(&clusters, name, json!({"s3": s3})).await;
+        let c = ask(&clusters, name, &format!("bad-{i}")).await;
+        let (status, got, message) = condition_of(&c, "BackupReady").expect("BackupReady");
+        println!("{what}: {got}: {message}");
+        assert_eq!(
+            (status.as_str(), got.as_str()),
+            ("False", *reason),
+            "{what}: {message}"
+        );
+        assert!(
+            !event_notes(&client, &ns, name, reason).await.is_empty(),
+            "{what}: an Event {reason}"
+        );
+        assert_eq!(
+            stored(&store).await,
+            after,
+            "{what}: nothing stored changed"
+        );
+        assert_eq!(
+            backup_status(&c)["lastSnapshot"]["name"],
+            after[0].name.as_str(),
+            "{what}"
+        );
+    }
+    // The CLI says so too, with exit status 1.
+    let out = kok(&ns, &["cluster", "backup", name, "--timeout", "2m"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("BackupUntrusted"),
+        "{out:?}"
+    );
+
+    // Settings fixed: the next request is stored.
+    set_backup(&clusters, name, json!({"s3": good})).await;
+    let c = ask(&clusters, name, "fixed").await;
+    assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
+    let now = stored(&store).await;
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert_eq!(now[1].name, after[0].name);
+    assert_eq!(backup_status(&c)["consecutiveFailures"], Value::Null);
+}
