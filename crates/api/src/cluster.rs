@@ -215,6 +215,13 @@ pub struct EtcdBackup {
     pub retention: BackupRetention,
     /// The S3-compatible storage they are written to.
     pub s3: S3Destination,
+    /// Secret in the Cluster's namespace whose key `key` holds 32 random
+    /// bytes (raw, or base64 as `openssl rand -base64 32` prints them). The
+    /// Cluster's certificate authorities and service-account key are sealed
+    /// with it (AES-256-GCM) beside each snapshot, so a restored Cluster
+    /// keeps its identity; keep a copy of it apart from the storage.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub encryption_key_secret: String,
     /// Takes no scheduled snapshot while true; one asked for with
     /// `kubectl kok cluster backup` is still taken.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -7,10 +7,13 @@
 //!   writes (none may fail), retention keeping exactly its count, what is
 //!   listed in status being what is in storage, each a whole etcd database;
 //! - `kubectl kok cluster backup` and `snapshots` against it;
+//! - beside each snapshot the Cluster's CAs and service-account key, sealed
+//!   with the user's key: they open with it, and with no other;
 //! - each bad setting (an endpoint the operator does not allow, one that
 //!   does not answer, wrong credentials, a missing Secret, a CA that does
-//!   not sign the server) gives its `BackupReady` reason and an Event, and
-//!   leaves every stored snapshot as it was;
+//!   not sign the server, a missing or short encryption key) gives its
+//!   `BackupReady` reason and an Event, and leaves every stored snapshot as
+//!   it was;
 //! - the API server refuses a schedule with both or neither of `every` and
 //!   `cron`.
 
@@ -191,6 +194,14 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
         &secret("s3-ca", &[("ca.crt", s3.ca_pem().expect("tls"))]),
     )
     .await;
+    // The key the Cluster's identity is sealed with: 32 bytes as base64.
+    let key_text = {
+        use base64::Engine as _;
+        let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    };
+    put_secret(&client, &ns, &secret("backup-key", &[("key", &key_text)])).await;
+    put_secret(&client, &ns, &secret("short-key", &[("key", "c2hvcnQ=")])).await;
 
     // The API server refuses a schedule that is not exactly one kind.
     let name = "bk";
@@ -204,8 +215,10 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     for schedule in [json!({}), json!({"every": "1h", "cron": "0 * * * *"})] {
         cluster.spec.etcd.backup = Some(
-            serde_json::from_value(json!({"schedule": schedule, "s3": destination}))
-                .expect("backup"),
+            serde_json::from_value(
+                json!({"schedule": schedule, "s3": destination, "encryptionKeySecret": "backup-key"}),
+            )
+            .expect("backup"),
         );
         let refused = clusters
             .create(&PostParams::default(), &cluster)
@@ -225,6 +238,7 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
             "schedule": {"every": "3s"},
             "retention": {"count": 2},
             "s3": destination,
+            "encryptionKeySecret": "backup-key",
         }))
         .expect("backup"),
     );
@@ -333,6 +347,29 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
         );
     }
 
+    // Beside each, the Cluster's identity, sealed: it opens with the key
+    // and holds the CAs and service-account key the Cluster runs with.
+    let key = kube_on_kube_operator::backup::pki::Key::from_secret_value(key_text.as_bytes())
+        .expect("key");
+    for m in &kept {
+        let sealed = store.pki(m).await.expect("the sealed identity");
+        assert_eq!(m.pki.as_ref().map(|p| p.key_id.clone()), Some(key.id()));
+        let bundle = kube_on_kube_operator::backup::pki::open(&sealed, &key, &m.name)
+            .expect("opens with the key");
+        for role in kube_on_kube_operator::backup::pki::ROLES {
+            let live = Api::<Secret>::namespaced(client.clone(), &ns)
+                .get(&format!("{name}-{role}"))
+                .await
+                .expect("identity secret")
+                .data
+                .expect("data");
+            assert_eq!(bundle.secrets[role], live, "{role}");
+        }
+        let other =
+            kube_on_kube_operator::backup::pki::Key::from_secret_value(&[9u8; 32]).expect("key");
+        assert!(kube_on_kube_operator::backup::pki::open(&sealed, &other, &m.name).is_err());
+    }
+
     // kubectl kok: one snapshot now, whatever the schedule; then the list.
     let out = kok(&ns, &["cluster", "backup", name, "--timeout", "2m"]);
     let said = String::from_utf8_lossy(&out.stdout).to_string();
@@ -383,6 +420,16 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
             json!({"caSecret": "other-ca"}),
             "BackupUntrusted",
         ),
+        (
+            "missing key",
+            json!({"encryptionKeySecret": "no-such-key"}),
+            "EncryptionKeyMissing",
+        ),
+        (
+            "short key",
+            json!({"encryptionKeySecret": "short-key"}),
+            "EncryptionKeyInvalid",
+        ),
     ];
     put_secret(
         &client,
@@ -404,11 +451,15 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
     )
     .await;
     for (i, (what, change, reason)) in cases.iter().enumerate() {
-        let mut s3 = good.clone();
+        let mut backup = json!({"s3": good.clone(), "encryptionKeySecret": "backup-key"});
         for (k, v) in change.as_object().expect("object") {
-            s3[k] = v.clone();
+            if k == "encryptionKeySecret" {
+                backup[k] = v.clone();
+            } else {
+                backup["s3"][k] = v.clone();
+            }
         }
-        set_backup(&clusters, name, json!({"s3": s3})).await;
+        set_backup(&clusters, name, backup).await;
         let c = ask(&clusters, name, &format!("bad-{i}")).await;
         let (status, got, message) = condition_of(&c, "BackupReady").expect("BackupReady");
         println!("{what}: {got}: {message}");
@@ -436,12 +487,17 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
     let out = kok(&ns, &["cluster", "backup", name, "--timeout", "2m"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("BackupUntrusted"),
+        String::from_utf8_lossy(&out.stderr).contains("EncryptionKeyInvalid"),
         "{out:?}"
     );
 
     // Settings fixed: the next request is stored.
-    set_backup(&clusters, name, json!({"s3": good})).await;
+    set_backup(
+        &clusters,
+        name,
+        json!({"s3": good, "encryptionKeySecret": "backup-key"}),
+    )
+    .await;
     let c = ask(&clusters, name, "fixed").await;
     assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
     let now = stored(&store).await;

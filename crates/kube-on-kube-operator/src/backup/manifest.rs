@@ -16,6 +16,8 @@ pub const FORMAT: u32 = 1;
 pub const DATA_SUFFIX: &str = ".db";
 /// The manifest's name ends with this.
 pub const MANIFEST_SUFFIX: &str = ".manifest.json";
+/// The sealed PKI bundle's name ends with this (see [`super::pki`]).
+pub const PKI_SUFFIX: &str = ".pki";
 
 /// Why a manifest was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +62,21 @@ pub struct Manifest {
     pub taken_at: String,
     /// The client URL of the member it was taken from.
     pub member: String,
+    /// The Cluster's sealed identity stored beside it, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pki: Option<PkiObject>,
+}
+
+/// The sealed PKI bundle of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PkiObject {
+    /// Its object's name under the prefix: `<name>.pki`.
+    pub object: String,
+    /// sha256 of the object, lower-case hex.
+    pub sha256: String,
+    /// The id of the key it is sealed with ([`super::pki::Key::id`]).
+    pub key_id: String,
 }
 
 impl Manifest {
@@ -82,16 +99,30 @@ impl Manifest {
                 found: manifest.object,
             });
         }
-        let hex_digits = manifest.sha256.len() == 64
-            && manifest
-                .sha256
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !hex_digits {
+        if !is_sha256(&manifest.sha256) {
             return Err(ManifestError::Sha256(manifest.sha256));
+        }
+        if let Some(pki) = &manifest.pki {
+            let object = format!("{name}{PKI_SUFFIX}");
+            if pki.object != object {
+                return Err(ManifestError::Name {
+                    expected: object,
+                    found: pki.object.clone(),
+                });
+            }
+            if !is_sha256(&pki.sha256) {
+                return Err(ManifestError::Sha256(pki.sha256.clone()));
+            }
         }
         Ok(manifest)
     }
+}
+
+fn is_sha256(text: &str) -> bool {
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A snapshot's name: `20261127T120500Z-r12345`, the UTC second it was
@@ -178,6 +209,7 @@ mod tests {
             kubernetes_version: Some("v1.35.4".into()),
             taken_at: "2026-11-27T12:05:00Z".into(),
             member: "https://c-etcd-0.ns.svc:2379".into(),
+            pki: None,
         }
     }
 

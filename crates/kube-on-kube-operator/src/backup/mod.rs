@@ -7,6 +7,7 @@
 //! own TLS stack. [`take`] puts them together.
 
 pub mod manifest;
+pub mod pki;
 pub mod scheduled;
 pub mod snapshot;
 pub mod store;
@@ -113,12 +114,14 @@ pub fn choose_member(candidates: &[Candidate]) -> Result<usize, Vec<(String, Str
 
 /// Takes a snapshot of the etcd cluster `etcd` reaches from a member
 /// [`choose_member`] picks and stores it in `store`, named for `now` and the
-/// member's revision. The whole database passes through in pieces; nothing
-/// holds more than a couple of upload parts.
+/// member's revision, with `pki` (the Cluster's identity and the key to
+/// seal it with) sealed beside it. The whole database passes through in
+/// pieces; nothing holds more than a couple of upload parts.
 pub async fn take(
     etcd: &EtcdClient,
     store: &SnapshotStore,
     kubernetes_version: Option<&str>,
+    pki: Option<(&pki::Bundle, &pki::Key)>,
     now: OffsetDateTime,
 ) -> Result<Manifest, BackupError> {
     // All at once: a member that does not answer costs one timeout, not one
@@ -140,13 +143,16 @@ pub async fn take(
         Ok(s) => (s.revision, s.version.clone()),
         Err(_) => (0, String::new()),
     };
+    let name = manifest::snapshot_name(now, revision);
+    let sealed = pki.map(|(bundle, key)| (pki::seal(bundle, key, &name), key.id()));
     let info = SnapshotInfo {
-        name: manifest::snapshot_name(now, revision),
+        name,
         etcd_revision: revision,
         etcd_version: version,
         kubernetes_version: kubernetes_version.map(str::to_owned),
         taken_at: manifest::rfc3339(now),
         member: member.endpoint.clone(),
+        pki: sealed,
     };
     let data = snapshot::stream(etcd, &member.endpoint, SNAPSHOT_IDLE)
         .await

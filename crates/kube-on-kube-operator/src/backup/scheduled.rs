@@ -10,6 +10,7 @@
 //! and is tried again after a backoff (30 s, doubling, at most 10 min, never
 //! sooner than the schedule asks).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ use kube_on_kube_api::cluster::{
 use serde_json::json;
 use time::OffsetDateTime;
 
-use super::{Manifest, SnapshotStore, StoreConfig, StoreError};
+use super::{Manifest, SnapshotStore, StoreConfig, StoreError, pki};
 use crate::Error;
 use crate::context::{Context, publish};
 use crate::etcd::api::EtcdClient;
@@ -542,6 +543,53 @@ async fn store_config(
     Ok(config)
 }
 
+/// The Cluster's identity Secrets and the user's key to seal them with.
+async fn identity(
+    secrets: &Api<Secret>,
+    names: &Names,
+    spec: &EtcdBackup,
+) -> Result<(pki::Bundle, pki::Key), Failure> {
+    let name = &spec.encryption_key_secret;
+    let secret = secrets
+        .get_opt(name)
+        .await
+        .map_err(|e| Failure::new("BackupFailed", format!("reading Secret {name}: {e}")))?
+        .ok_or_else(|| {
+            Failure::new(
+                "EncryptionKeyMissing",
+                format!("Secret {name} does not exist"),
+            )
+        })?;
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(pki::KEY_FIELD))
+        .ok_or_else(|| {
+            Failure::new(
+                "EncryptionKeyMissing",
+                format!("Secret {name} has no key {}", pki::KEY_FIELD),
+            )
+        })?;
+    let key = pki::Key::from_secret_value(&value.0).map_err(|e| {
+        Failure::new(
+            "EncryptionKeyInvalid",
+            format!("Secret {name}, key {:?}: {e}", pki::KEY_FIELD),
+        )
+    })?;
+    let mut roles = BTreeMap::new();
+    for role in pki::ROLES {
+        let secret_name = names.cert_secret(role);
+        let secret = secrets.get_opt(&secret_name).await.map_err(|e| {
+            Failure::new("BackupFailed", format!("reading Secret {secret_name}: {e}"))
+        })?;
+        if let Some(data) = secret.and_then(|s| s.data) {
+            roles.insert(role.to_string(), data);
+        }
+    }
+    let bundle = pki::Bundle::new(roles).map_err(|e| Failure::new("PKIMissing", e.to_string()))?;
+    Ok((bundle, key))
+}
+
 /// Take a snapshot of `cluster`'s etcd into its storage, then apply
 /// retention.
 async fn attempt(
@@ -573,10 +621,12 @@ async fn attempt(
     let endpoints = crate::render::control_plane::etcd_client_urls(cluster, names);
     let etcd = EtcdClient::from_secret(endpoints, &secret, ETCD_TIMEOUT)
         .map_err(|e| Failure::new("BackupFailed", format!("etcd client: {e}")))?;
+    let (bundle, key) = identity(&secrets, names, spec).await?;
     let manifest = super::take(
         &etcd,
         &store,
         Some(&cluster.spec.version),
+        Some((&bundle, &key)),
         OffsetDateTime::now_utc(),
     )
     .await
@@ -640,6 +690,7 @@ mod tests {
             kubernetes_version: None,
             taken_at: taken_at.into(),
             member: "https://m0:2379".into(),
+            pki: None,
         }
     }
 

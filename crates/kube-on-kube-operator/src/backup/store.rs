@@ -22,7 +22,9 @@ use object_store::{
 };
 use tokio::io::AsyncWriteExt;
 
-use super::manifest::{self, DATA_SUFFIX, Listed, MANIFEST_SUFFIX, Manifest, ManifestError};
+use super::manifest::{
+    self, DATA_SUFFIX, Listed, MANIFEST_SUFFIX, Manifest, ManifestError, PKI_SUFFIX, PkiObject,
+};
 use super::snapshot::FileDigest;
 use super::transport::{Timeouts, Transport, TransportError};
 
@@ -272,6 +274,9 @@ pub struct SnapshotInfo {
     pub taken_at: String,
     /// The client URL of the member.
     pub member: String,
+    /// The Cluster's identity, sealed ([`super::pki::seal`]), and the id
+    /// of the key it is sealed with; stored beside the data.
+    pub pki: Option<(Vec<u8>, String)>,
 }
 
 /// The snapshots of one target: a bucket and a prefix.
@@ -426,6 +431,10 @@ impl SnapshotStore {
                 actual: stored.size,
             });
         }
+        let pki = match &info.pki {
+            None => None,
+            Some((sealed, key_id)) => Some(self.put_pki(&info.name, sealed, key_id).await?),
+        };
         let manifest = Manifest {
             format: manifest::FORMAT,
             name: info.name.clone(),
@@ -437,6 +446,7 @@ impl SnapshotStore {
             kubernetes_version: info.kubernetes_version.clone(),
             taken_at: info.taken_at.clone(),
             member: info.member.clone(),
+            pki,
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Manifest {
             key: self.shown(&manifest_key),
@@ -460,6 +470,71 @@ impl SnapshotStore {
                 e => StoreError::from_storage(format!("writing {}", self.shown(&manifest_key)), e),
             })?;
         Ok(manifest)
+    }
+
+    /// Writes the sealed PKI bundle of snapshot `name` (never over one
+    /// that exists).
+    async fn put_pki(
+        &self,
+        name: &str,
+        sealed: &[u8],
+        key_id: &str,
+    ) -> Result<PkiObject, StoreError> {
+        let object = format!("{name}{PKI_SUFFIX}");
+        let key = self.key(&object);
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        self.store
+            .put_opts(&key, PutPayload::from(sealed.to_vec()), options)
+            .await
+            .map_err(|e| match e {
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. } => StoreError::Exists {
+                    key: self.shown(&key),
+                },
+                e => StoreError::from_storage(format!("writing {}", self.shown(&key)), e),
+            })?;
+        let mut digest = FileDigest::default();
+        digest.update(sealed);
+        Ok(PkiObject {
+            object,
+            sha256: digest.finish().sha256,
+            key_id: key_id.to_string(),
+        })
+    }
+
+    /// The sealed PKI bundle of the snapshot `manifest` describes, checked
+    /// against the manifest's sha256.
+    pub async fn pki(&self, manifest: &Manifest) -> Result<Vec<u8>, StoreError> {
+        let Some(pki) = &manifest.pki else {
+            return Err(StoreError::Missing {
+                key: format!("the PKI bundle of {}", manifest.name),
+            });
+        };
+        let key = self.key(&pki.object);
+        let bytes = match self.store.get(&key).await {
+            Ok(got) => got.bytes().await,
+            Err(e) => Err(e),
+        }
+        .map_err(|e| match e {
+            object_store::Error::NotFound { .. } => StoreError::Missing {
+                key: self.shown(&key),
+            },
+            e => StoreError::from_storage(format!("reading {}", self.shown(&key)), e),
+        })?;
+        let mut digest = FileDigest::default();
+        digest.update(&bytes);
+        let actual = digest.finish().sha256;
+        if actual != pki.sha256 {
+            return Err(StoreError::Checksum {
+                key: self.shown(&key),
+                expected: pki.sha256.clone(),
+                actual,
+            });
+        }
+        Ok(bytes.to_vec())
     }
 
     /// Feeds `data` into the upload, hashing it; the upload is not finished.
@@ -539,7 +614,11 @@ impl SnapshotStore {
     /// deletion cut short leaves an unlisted data object, never a listed
     /// snapshot without its data. Objects already gone are not an error.
     pub async fn delete(&self, manifest: &Manifest) -> Result<(), StoreError> {
-        for object in [manifest.manifest_object(), manifest.object.clone()] {
+        let pki = manifest.pki.iter().map(|p| p.object.clone());
+        for object in [manifest.manifest_object(), manifest.object.clone()]
+            .into_iter()
+            .chain(pki)
+        {
             let key = self.key(&object);
             match self.store.delete(&key).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}

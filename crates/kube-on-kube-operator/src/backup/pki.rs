@@ -1,0 +1,267 @@
+//! The Cluster's identity, kept with each snapshot: its certificate
+//! authorities (cluster, etcd, front-proxy) and service-account key pair, as
+//! their Secrets hold them, sealed with AES-256-GCM under a key the user
+//! gives (a Secret), so that a Cluster restored from the snapshot keeps the
+//! CA its kubelets and kubeconfigs trust and the key its tokens were signed
+//! with, and storage that leaks does not leak the keys.
+//!
+//! Sealed form: `KOKPKI1\n`, a 12-byte random nonce, then the ciphertext of
+//! the JSON bundle with its 16-byte tag. The snapshot's name is the
+//! additional authenticated data: a bundle moved next to another snapshot
+//! does not open. Everything here is pure but for the nonce.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// What a sealed bundle starts with.
+const MAGIC: &[u8] = b"KOKPKI1\n";
+/// The bundle format this code writes and reads.
+const FORMAT: u32 = 1;
+/// The key of the user's Secret that holds the key.
+pub const KEY_FIELD: &str = "key";
+
+/// The Secrets of a Cluster's identity, by the suffix of their name
+/// (`<cluster>-<suffix>`).
+pub const ROLES: [&str; 4] = ["ca", "etcd-ca", "front-proxy-ca", "sa"];
+
+/// Why a bundle could not be sealed or opened.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PkiError {
+    /// The user's key is not 32 bytes (raw, or base64 text of them).
+    #[error(
+        "the encryption key must be 32 bytes, raw or as base64 text (make one with `openssl rand -base64 32`); it has {0} bytes"
+    )]
+    KeySize(usize),
+    /// The bundle is not one this code sealed, or was cut short.
+    #[error("not a sealed PKI bundle")]
+    NotSealed,
+    /// The tag did not match: another key, another snapshot, or damage.
+    #[error(
+        "the PKI bundle does not open with key {key_id}: it was sealed with another key (or for another snapshot), or it is damaged"
+    )]
+    Open { key_id: String },
+    /// What opened is not a bundle of a known format.
+    #[error("the PKI bundle is not a bundle this operator reads: {0}")]
+    Format(String),
+    /// A Secret of the identity is missing, or a key of it.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// A 256-bit key.
+pub struct Key([u8; 32]);
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Key({})", self.id())
+    }
+}
+
+impl Key {
+    /// The key a Secret's value holds: 32 raw bytes, or base64 text of them
+    /// (surrounding white space ignored).
+    pub fn from_secret_value(value: &[u8]) -> Result<Key, PkiError> {
+        use base64::Engine as _;
+        let text = std::str::from_utf8(value).ok().map(str::trim);
+        let decoded = text.and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok());
+        let bytes = match decoded {
+            Some(d) if d.len() == 32 => d,
+            _ => value.to_vec(),
+        };
+        let key: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| PkiError::KeySize(bytes.len()))?;
+        Ok(Key(key))
+    }
+
+    /// A name for the key that does not give it away: the first 16 hex
+    /// digits of a sha256 over a label and the key.
+    pub fn id(&self) -> String {
+        let digest = Sha256::new()
+            .chain_update(b"kube-on-kube pki key id\n")
+            .chain_update(self.0)
+            .finalize();
+        hex(&digest[..8])
+    }
+
+    fn aead(&self) -> LessSafeKey {
+        // 32 bytes is AES-256-GCM's key length: cannot fail.
+        LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.0).expect("a 32-byte key"))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The identity Secrets' data, by role ([`ROLES`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bundle {
+    format: u32,
+    /// Role → the Secret's data.
+    pub secrets: BTreeMap<String, BTreeMap<String, ByteString>>,
+}
+
+impl Bundle {
+    /// A bundle of `secrets` (role → data); every role of [`ROLES`] must be
+    /// there.
+    pub fn new(
+        secrets: BTreeMap<String, BTreeMap<String, ByteString>>,
+    ) -> Result<Bundle, PkiError> {
+        let missing: Vec<&str> = ROLES
+            .iter()
+            .copied()
+            .filter(|r| secrets.get(*r).is_none_or(BTreeMap::is_empty))
+            .collect();
+        if !missing.is_empty() {
+            return Err(PkiError::Missing(format!(
+                "the cluster's {} Secret(s) are missing or empty",
+                missing.join(", ")
+            )));
+        }
+        Ok(Bundle {
+            format: FORMAT,
+            secrets,
+        })
+    }
+}
+
+/// Seal `bundle` under `key` for the snapshot `snapshot`.
+pub fn seal(bundle: &Bundle, key: &Key, snapshot: &str) -> Vec<u8> {
+    let mut nonce = [0u8; NONCE_LEN];
+    // The system's generator failing is not something to carry on from.
+    SystemRandom::new()
+        .fill(&mut nonce)
+        .expect("the system's random generator");
+    // A bundle of byte maps always serializes.
+    let mut data = serde_json::to_vec(bundle).expect("bundle JSON");
+    key.aead()
+        .seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(snapshot.as_bytes()),
+            &mut data,
+        )
+        .expect("sealing within AES-GCM's size limit");
+    let mut out = Vec::with_capacity(MAGIC.len() + NONCE_LEN + data.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&data);
+    out
+}
+
+/// Open a bundle sealed for `snapshot` with `key`.
+pub fn open(sealed: &[u8], key: &Key, snapshot: &str) -> Result<Bundle, PkiError> {
+    let rest = sealed.strip_prefix(MAGIC).ok_or(PkiError::NotSealed)?;
+    if rest.len() < NONCE_LEN + AES_256_GCM.tag_len() {
+        return Err(PkiError::NotSealed);
+    }
+    let (nonce, ciphertext) = rest.split_at(NONCE_LEN);
+    let nonce: [u8; NONCE_LEN] = nonce.try_into().map_err(|_| PkiError::NotSealed)?;
+    let mut data = ciphertext.to_vec();
+    let plain = key
+        .aead()
+        .open_in_place(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(snapshot.as_bytes()),
+            &mut data,
+        )
+        .map_err(|_| PkiError::Open { key_id: key.id() })?;
+    let bundle: Bundle =
+        serde_json::from_slice(plain).map_err(|e| PkiError::Format(e.to_string()))?;
+    if bundle.format != FORMAT {
+        return Err(PkiError::Format(format!("format {}", bundle.format)));
+    }
+    Bundle::new(bundle.secrets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bundle() -> Bundle {
+        Bundle::new(
+            ROLES
+                .iter()
+                .map(|r| {
+                    (
+                        r.to_string(),
+                        [(
+                            "tls.key".to_string(),
+                            ByteString(format!("{r} key").into_bytes()),
+                        )]
+                        .into(),
+                    )
+                })
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    fn key(byte: u8) -> Key {
+        Key([byte; 32])
+    }
+
+    #[test]
+    fn a_sealed_bundle_opens_with_its_key_for_its_snapshot_only() {
+        let sealed = seal(&bundle(), &key(1), "20261127T120500Z-r1");
+        assert!(sealed.starts_with(MAGIC));
+        // The keys are not there in the clear.
+        assert!(!sealed.windows(6).any(|w| w == b"ca key"));
+        assert_eq!(open(&sealed, &key(1), "20261127T120500Z-r1"), Ok(bundle()));
+        let other = open(&sealed, &key(2), "20261127T120500Z-r1").unwrap_err();
+        assert_eq!(
+            other,
+            PkiError::Open {
+                key_id: key(2).id()
+            }
+        );
+        assert!(open(&sealed, &key(1), "20261127T120501Z-r2").is_err());
+        let mut damaged = sealed.clone();
+        let last = damaged.len() - 1;
+        damaged[last] ^= 1;
+        assert!(matches!(
+            open(&damaged, &key(1), "20261127T120500Z-r1"),
+            Err(PkiError::Open { .. })
+        ));
+        assert_eq!(
+            open(&sealed[..20], &key(1), "20261127T120500Z-r1"),
+            Err(PkiError::NotSealed)
+        );
+    }
+
+    #[test]
+    fn two_seals_of_one_bundle_differ() {
+        assert_ne!(seal(&bundle(), &key(1), "s"), seal(&bundle(), &key(1), "s"));
+    }
+
+    #[test]
+    fn keys_are_32_bytes_raw_or_base64() {
+        use base64::Engine as _;
+        let raw = [7u8; 32];
+        let text = base64::engine::general_purpose::STANDARD.encode(raw);
+        let a = Key::from_secret_value(&raw).unwrap();
+        let b = Key::from_secret_value(format!("{text}\n").as_bytes()).unwrap();
+        assert_eq!(a.id(), b.id());
+        assert_eq!(a.id().len(), 16);
+        assert_eq!(
+            Key::from_secret_value(b"short").unwrap_err(),
+            PkiError::KeySize(5)
+        );
+        let sixteen = base64::engine::general_purpose::STANDARD.encode([1u8; 16]);
+        assert!(Key::from_secret_value(sixteen.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_bundle_needs_every_role() {
+        let mut secrets = bundle().secrets;
+        secrets.remove("sa");
+        let e = Bundle::new(secrets).unwrap_err();
+        assert!(e.to_string().contains("sa"), "{e}");
+    }
+}
