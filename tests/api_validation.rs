@@ -111,6 +111,39 @@ fn cases() -> Vec<Case> {
             "spec.etcd.backup.retention.count",
         ),
         c(
+            "restore without a prefix",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/restoreFrom",
+                json!({"s3": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                              "credentialsSecret": "s3"},
+                       "snapshot": "latest", "encryptionKeySecret": "backup-key"}),
+            )]),
+            "etcd.restoreFrom.s3.prefix must name where the snapshots are",
+        ),
+        c(
+            "restore added after creation",
+            "Cluster",
+            Update(vec![(
+                "spec/etcd/restoreFrom",
+                json!({"s3": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                              "prefix": "ns/c", "credentialsSecret": "s3"},
+                       "snapshot": "latest", "encryptionKeySecret": "backup-key"}),
+            )]),
+            "etcd.restoreFrom is set when the Cluster is created and cannot change",
+        ),
+        c(
+            "restore of a snapshot name that is not one",
+            "Cluster",
+            Create(vec![(
+                "spec/etcd/restoreFrom",
+                json!({"s3": {"endpoint": "https://s3.example.com", "bucket": "etcd",
+                              "prefix": "ns/c", "credentialsSecret": "s3"},
+                       "snapshot": "../x", "encryptionKeySecret": "backup-key"}),
+            )]),
+            "spec.etcd.restoreFrom.snapshot",
+        ),
+        c(
             "etcd storage none",
             "Cluster",
             Create(vec![("spec/etcd/storage/volumeSource", Value::Null)]),

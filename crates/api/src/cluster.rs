@@ -189,7 +189,8 @@ pub struct ComponentSpec {
 #[x_kube(
     validation = Rule::new("!has(self.version) || !has(oldSelf.version) || self.version.split('.')[0] == oldSelf.version.split('.')[0]").message("the etcd major version cannot change"),
     validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("an etcd upgrade may not skip a minor version: upgrade one minor version at a time (for example 3.5.x to 3.6.x)"),
-    validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("downgrading the etcd minor version is not supported: an older etcd cannot run on the data a newer one wrote")
+    validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("downgrading the etcd minor version is not supported: an older etcd cannot run on the data a newer one wrote"),
+    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom) && (!has(self.restoreFrom) || self.restoreFrom == oldSelf.restoreFrom)").message("etcd.restoreFrom is set when the Cluster is created and cannot change")
 )]
 pub struct EtcdSpec {
     /// Image, version, flags and resources of every member.
@@ -201,6 +202,33 @@ pub struct EtcdSpec {
     /// member and kept in S3-compatible storage. Absent: no snapshots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<EtcdBackup>,
+    /// Start this Cluster from a snapshot another Cluster's backups took:
+    /// its identity (CAs and service-account key) and its etcd data. Only
+    /// when the Cluster is created; the members start on the snapshot's
+    /// data instead of an empty database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<RestoreFrom>,
+}
+
+/// A snapshot to start a new Cluster from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.s3.prefix)").message("etcd.restoreFrom.s3.prefix must name where the snapshots are (by default the backed-up Cluster's <namespace>/<name>)"))]
+pub struct RestoreFrom {
+    /// Where the snapshots are: the backup settings' `s3` of the Cluster
+    /// that took them (with its `prefix`: by default that Cluster's
+    /// `<namespace>/<name>`).
+    pub s3: S3Destination,
+    /// The snapshot's name, or `latest` for the newest complete one.
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^(latest|[0-9]{8}T[0-9]{6}Z-r[0-9]+)$")
+    )]
+    pub snapshot: String,
+    /// Secret in this Cluster's namespace whose key `key` is the key the
+    /// snapshot's identity was sealed with.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub encryption_key_secret: String,
 }
 
 /// When etcd snapshots are taken, how many are kept and where they go.
@@ -608,6 +636,28 @@ pub struct ClusterStatus {
     /// etcd snapshots: the last one taken, the ones kept, the next due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupStatus>,
+    /// The snapshot a Cluster with `spec.etcd.restoreFrom` starts from, and
+    /// how far its restore went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreStatus>,
+}
+
+/// A Cluster's restore from a snapshot.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    /// The snapshot chosen (`latest` resolved once, when the restore began).
+    pub snapshot: String,
+    /// Its data object's sha256, checked when each member downloads it.
+    pub sha256: String,
+    /// The etcd revision it holds.
+    pub revision: u64,
+    /// The CAs and service-account key are this Cluster's now.
+    #[serde(default)]
+    pub identity_restored: bool,
+    /// Every member started on the snapshot's data.
+    #[serde(default)]
+    pub data_restored: bool,
 }
 
 /// Annotation on a Cluster asking for an etcd snapshot now: any new value

@@ -26,6 +26,10 @@ pub struct Config {
     /// Image of the node-operator each Cluster gets (default:
     /// `<registry>/node-operator:<operator version>`).
     pub node_operator_image: Option<String>,
+    /// Image of the operator itself, run in a restoring Cluster's etcd Pods
+    /// to download the snapshot (default:
+    /// `<registry>/kube-on-kube-operator:<operator version>`).
+    pub operator_image: Option<String>,
     /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
     /// its own namespace's.
     pub addon_template_namespace: Option<String>,
@@ -38,6 +42,19 @@ pub struct Config {
     pub limits: Limits,
 }
 
+impl Config {
+    /// The operator's own image (see [`Config::operator_image`]).
+    pub fn operator_image(&self) -> String {
+        self.operator_image.clone().unwrap_or_else(|| {
+            format!(
+                "{}/kube-on-kube-operator:{}",
+                self.registry,
+                env!("CARGO_PKG_VERSION")
+            )
+        })
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -45,6 +62,7 @@ impl Default for Config {
             registry: "registry.k8s.io".into(),
             etcd_version: "3.6.16".into(),
             node_operator_image: None,
+            operator_image: None,
             addon_template_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
             policy: Default::default(),

@@ -335,6 +335,12 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         tracing::warn!(cluster = %names.cluster, %error, "cannot add the teardown finalizer");
     }
 
+    // A Cluster started from a snapshot: its identity first, nothing else
+    // until it is there.
+    if let Some(action) = crate::backup::restore::prepare(&ctx, &cluster, &names).await? {
+        return Ok(action);
+    }
+
     // A Cluster that waits only for its add-on step's next attempt, with
     // nothing changed since the pass that found so: that step alone.
     let key = names.key();
@@ -539,6 +545,13 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     };
     let etcd_report = crate::etcd::reconcile(&pass).await?;
     let etcd_pods = etcd_report.pods.clone();
+    crate::backup::restore::finish(
+        &ctx,
+        &cluster,
+        &names,
+        etcd_report.settled && etcd_report.ready == etcd_report.desired,
+    )
+    .await?;
 
     // kube-apiserver's egress selector configuration, before the Pods that
     // mount it: its traffic to the business cluster goes through the

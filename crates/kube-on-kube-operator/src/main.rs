@@ -56,15 +56,96 @@ struct Args {
     /// whole reconcile of the Cluster.
     #[arg(long, env = "KOK_ADDON_RETRY", default_value = "1s", value_parser = parse_duration)]
     addon_retry: std::time::Duration,
+    /// Image of this operator, run in the etcd Pods of a Cluster restored
+    /// from a snapshot to download it (default:
+    /// `<image registry>/kube-on-kube-operator:<this operator's version>`).
+    #[arg(long, env = "KOK_OPERATOR_IMAGE")]
+    operator_image: Option<String>,
     #[command(flatten)]
     policy: kube_on_kube_operator::policy::PolicyArgs,
     #[command(flatten)]
     limits: kube_on_kube_operator::bounded::LimitArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Download an etcd snapshot for a member to restore (the operator runs
+    /// this in a restoring Cluster's etcd Pods, before `etcdutl snapshot
+    /// restore`). The storage's keys come from KOK_S3_ACCESS_KEY_ID and
+    /// KOK_S3_SECRET_ACCESS_KEY.
+    RestoreSnapshot(RestoreSnapshot),
+}
+
+#[derive(clap::Args, Debug)]
+struct RestoreSnapshot {
+    /// The storage, `https://host[:port]`.
+    #[arg(long)]
+    endpoint: String,
+    #[arg(long)]
+    bucket: String,
+    #[arg(long, default_value = "")]
+    prefix: String,
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// PEM CA certificates to trust for the endpoint.
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
+    /// The snapshot's name.
+    #[arg(long)]
+    snapshot: String,
+    /// The sha256 its manifest had when the restore began.
+    #[arg(long)]
+    sha256: String,
+    /// Where to write it.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// A data directory to remove first (left by an interrupted restore).
+    #[arg(long)]
+    clear_data_dir: Option<std::path::PathBuf>,
+    #[arg(long, env = "KOK_S3_ACCESS_KEY_ID", hide_env_values = true)]
+    access_key_id: String,
+    #[arg(long, env = "KOK_S3_SECRET_ACCESS_KEY", hide_env_values = true)]
+    secret_access_key: String,
+}
+
+async fn restore_snapshot(a: RestoreSnapshot) -> anyhow::Result<()> {
+    use kube_on_kube_operator::backup::{SnapshotStore, StoreConfig};
+    let mut config = StoreConfig::new(
+        a.endpoint.clone(),
+        a.bucket,
+        a.prefix,
+        a.access_key_id,
+        a.secret_access_key,
+    );
+    config.region = a.region;
+    config.allow_http = a.endpoint.starts_with("http://");
+    if let Some(path) = &a.ca_file {
+        config.ca_pem = Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?,
+        );
+    }
+    let store = SnapshotStore::new(&config)?;
+    kube_on_kube_operator::backup::restore::fetch(
+        &store,
+        &a.snapshot,
+        &a.sha256,
+        &a.out,
+        a.clear_data_dir.as_deref(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::RestoreSnapshot(restore)) = args.command {
+        return restore_snapshot(restore).await;
+    }
     args.log.init();
     // Listed on /metrics from the start, before any Cluster is reconciled.
     kube_on_kube_operator::metrics::domain();
@@ -74,6 +155,7 @@ async fn main() -> anyhow::Result<()> {
         registry: args.image_registry,
         etcd_version: args.etcd_version,
         node_operator_image: args.node_operator_image,
+        operator_image: args.operator_image,
         addon_template_namespace: args.addon_template_namespace,
         addon_retry: args.addon_retry,
         policy: args.policy.policy(),

@@ -155,7 +155,10 @@ pub fn build(
         .map(|s| s.conditions.clone())
         .unwrap_or_default()
         .into_iter()
-        .filter(|c| c.type_ != crate::backup::scheduled::BACKUP_READY)
+        .filter(|c| {
+            c.type_ != crate::backup::scheduled::BACKUP_READY
+                && c.type_ != crate::backup::restore::RESTORED
+        })
         .collect();
     let mut set = |type_: &'static str,
                    ok: bool,
@@ -384,6 +387,8 @@ pub fn build(
         certificate_authorities: None,
         // Written by the backup controller under its own field manager.
         backup: None,
+        // Written by the restore step under its own field manager.
+        restore: None,
     }
 }
 

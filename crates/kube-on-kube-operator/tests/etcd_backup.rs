@@ -15,7 +15,10 @@
 //!   `BackupReady` reason and an Event, and leaves every stored snapshot as
 //!   it was;
 //! - the API server refuses a schedule with both or neither of `every` and
-//!   `cron`.
+//!   `cron`;
+//! - the latest snapshot restored into a new Cluster in another namespace:
+//!   every object there, the same CA, and a kubeconfig of the first Cluster
+//!   admitted by the second.
 
 mod common;
 
@@ -40,7 +43,13 @@ use serde_json::{Value, json};
 
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
-    RUNNER.get_or_init(|| start_runner(vec![]))
+    // etcd's image holds etcdutl beside etcd: a restoring member runs it.
+    RUNNER.get_or_init(|| {
+        start_runner(vec![(
+            "etcdutl".into(),
+            kok_testenv::s3::etcdutl().expect("etcdutl"),
+        )])
+    })
 }
 
 const READY: Duration = Duration::from_secs(300);
@@ -148,7 +157,8 @@ async fn set_backup(clusters: &Api<Cluster>, name: &str, backup: Value) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() {
+async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_and_bad_input_says_why()
+ {
     let runner = runner();
     let s3 = S3Server::start(&S3Options {
         listen: runner.gateway(),
@@ -504,4 +514,217 @@ async fn snapshots_follow_the_schedule_and_retention_and_bad_settings_say_why() 
     assert_eq!(now.len(), 2, "{now:?}");
     assert_eq!(now[1].name, after[0].name);
     assert_eq!(backup_status(&c)["consecutiveFailures"], Value::Null);
+
+    // Restore: the latest snapshot, taken after one more write, into a new
+    // Cluster in another namespace.
+    let marker: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "before-restore"}})).expect("marker");
+    maps.create(&PostParams::default(), &marker)
+        .await
+        .expect("marker");
+    let c = ask(&clusters, name, "for-restore").await;
+    assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
+    let source = backup_status(&c)["lastSnapshot"]["name"]
+        .as_str()
+        .expect("snapshot")
+        .to_string();
+    let ns2 = env.namespace("restore").await;
+    grant_operator(&client, &ns2).await;
+    start_operator_pod_with(
+        &client,
+        &ns2,
+        &runner.nodes()[1],
+        &[
+            format!("--backup-endpoints={}", s3.endpoint()),
+            "--operator-image=kube-on-kube-operator".into(),
+        ],
+    )
+    .await;
+    for (secret_name, data) in [
+        (
+            "s3-credentials",
+            vec![
+                ("accessKeyID", s3.access_key_id()),
+                ("secretAccessKey", s3.secret_access_key()),
+            ],
+        ),
+        ("s3-ca", vec![("ca.crt", s3.ca_pem().expect("tls"))]),
+        ("backup-key", vec![("key", key_text.as_str())]),
+    ] {
+        put_secret(&client, &ns2, &secret(secret_name, &data)).await;
+    }
+    // Three members, each restored from the snapshot with the bootstrap's
+    // initial cluster (etcd's procedure for a cluster).
+    let mut restored = test_cluster(&ns2, "rs", ClusterMode::Production);
+    let mut from = good.clone();
+    from["prefix"] = json!(prefix);
+    restored.spec.etcd.restore_from = Some(
+        serde_json::from_value(json!({
+            "s3": from,
+            "snapshot": "latest",
+            "encryptionKeySecret": "backup-key",
+        }))
+        .expect("restoreFrom"),
+    );
+    let clusters2: Api<Cluster> = Api::namespaced(client.clone(), &ns2);
+    let started = Instant::now();
+    clusters2
+        .create(&PostParams::default(), &restored)
+        .await
+        .expect("create the restored cluster");
+    let rs = wait_cluster(
+        &clusters2,
+        "rs",
+        "the restored cluster to serve",
+        READY,
+        |c| {
+            condition(c, "APIServerReady").as_deref() == Some("True")
+                && condition(c, "Restored").as_deref() == Some("True")
+                && etcd_converged(c, 3)
+        },
+    )
+    .await;
+    println!(
+        "restored from {source} and serving after {:?}: {:?}",
+        started.elapsed(),
+        condition_of(&rs, "Restored")
+    );
+    assert!(etcd_converged(&rs, 3), "{:?}", reported_members(&rs));
+    let restore = rs.status.clone().expect("status").restore.expect("restore");
+    assert_eq!(restore.snapshot, source, "latest is the one just taken");
+    // Same identity: the CAs and service-account key are the first
+    // Cluster's.
+    for role in kube_on_kube_operator::backup::pki::ROLES {
+        let of = |ns: &str, cluster: &str| {
+            let api = Api::<Secret>::namespaced(client.clone(), ns);
+            let name = format!("{cluster}-{role}");
+            async move { api.get(&name).await.expect("identity secret").data }
+        };
+        assert_eq!(of(&ns2, "rs").await, of(&ns, name).await, "{role}");
+    }
+    // Same data: every object written before the snapshot.
+    let business2 = business_client(&client, &ns2, "rs").await;
+    let maps2: Api<ConfigMap> = Api::namespaced(business2, "default");
+    let listed: BTreeSet<String> = maps2
+        .list(&Default::default())
+        .await
+        .expect("list restored objects")
+        .items
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    for n in 0..written {
+        assert!(
+            listed.contains(&format!("object-{n}")),
+            "object-{n} restored"
+        );
+    }
+    assert!(listed.contains("before-restore"), "{listed:?}");
+    // A kubeconfig issued by the first Cluster works against the second.
+    let rs_apiserver = ready_pods(&client, &ns2, "rs", "apiserver")
+        .await
+        .into_iter()
+        .find_map(|p| p.status.and_then(|s| s.pod_ip))
+        .expect("a ready apiserver pod");
+    let mut config = old_admin_config(&client, &ns, name).await;
+    config.cluster_url = format!("https://{rs_apiserver}:6443").parse().expect("url");
+    let via_old = Client::try_from(config).expect("client");
+    Api::<ConfigMap>::namespaced(via_old, "default")
+        .get("before-restore")
+        .await
+        .expect("the first Cluster's admin kubeconfig is admitted by the restored one");
+
+    // Restores that cannot be: each its reason, and nothing of the Cluster
+    // made (no member that would start on an empty database, no CA).
+    let refused: Vec<(&str, Value, &str)> = vec![
+        (
+            "a newer Kubernetes minor",
+            json!({"version": "1.34.0", "snapshot": "latest", "key": "backup-key"}),
+            "SnapshotTooNew",
+        ),
+        (
+            "no such snapshot",
+            json!({"snapshot": "20200101T000000Z-r1", "key": "backup-key"}),
+            "SnapshotNotFound",
+        ),
+        (
+            "another key",
+            json!({"snapshot": "latest", "key": "other-key"}),
+            "IdentityNotOpened",
+        ),
+    ];
+    let other_key = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode([3u8; 32])
+    };
+    put_secret(&client, &ns2, &secret("other-key", &[("key", &other_key)])).await;
+    for (i, (what, case, reason)) in refused.iter().enumerate() {
+        let cluster_name = format!("refused-{i}");
+        let mut c = test_cluster(&ns2, &cluster_name, ClusterMode::Minimal);
+        if let Some(version) = case["version"].as_str() {
+            c.spec.version = version.into();
+        }
+        c.spec.etcd.restore_from = Some(
+            serde_json::from_value(json!({
+                "s3": from,
+                "snapshot": case["snapshot"],
+                "encryptionKeySecret": case["key"],
+            }))
+            .expect("restoreFrom"),
+        );
+        clusters2
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("create");
+        let c = wait_cluster(&clusters2, &cluster_name, what, ANSWER, |c| {
+            condition_of(c, "Restored").is_some_and(|(_, r, _)| r != "NoSnapshotYet")
+        })
+        .await;
+        let (status, got, message) = condition_of(&c, "Restored").expect("Restored");
+        println!("restore of {what}: {got}: {message}");
+        assert_eq!(
+            (status.as_str(), got.as_str()),
+            ("False", *reason),
+            "{what}"
+        );
+        let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns2)
+            .list(&kube::api::ListParams::default().labels(&format!(
+                "{}={cluster_name}",
+                kube_on_kube_api::shared::CLUSTER_LABEL
+            )))
+            .await
+            .expect("pods");
+        assert!(pods.items.is_empty(), "{what}: no member started");
+        let ca = Api::<Secret>::namespaced(client.clone(), &ns2)
+            .get_opt(&format!("{cluster_name}-ca"))
+            .await
+            .expect("secret");
+        assert!(ca.is_none(), "{what}: no CA made");
+        assert!(
+            !event_notes(&client, &ns2, &cluster_name, reason)
+                .await
+                .is_empty(),
+            "{what}: an Event"
+        );
+    }
+}
+
+/// The first Cluster's admin kubeconfig as a client configuration.
+async fn old_admin_config(client: &Client, ns: &str, name: &str) -> kube::Config {
+    let text = secret_value(
+        client,
+        ns,
+        &format!("{name}-admin-kubeconfig"),
+        "kubeconfig",
+    )
+    .await;
+    let kubeconfig: kube::config::Kubeconfig =
+        serde_norway::from_slice(&text).expect("admin kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    config.tls_server_name = Some("kubernetes".into());
+    config.connect_timeout = Some(Duration::from_secs(2));
+    config.read_timeout = Some(Duration::from_secs(5));
+    config
 }

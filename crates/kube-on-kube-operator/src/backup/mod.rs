@@ -8,6 +8,7 @@
 
 pub mod manifest;
 pub mod pki;
+pub mod restore;
 pub mod scheduled;
 pub mod snapshot;
 pub mod store;

@@ -27,7 +27,8 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{
-    BACKUP_REQUEST_ANNOTATION, BackupSchedule, BackupStatus, EtcdBackup, SnapshotRecord,
+    BACKUP_REQUEST_ANNOTATION, BackupSchedule, BackupStatus, EtcdBackup, S3Destination,
+    SnapshotRecord,
 };
 use serde_json::json;
 use time::OffsetDateTime;
@@ -148,13 +149,13 @@ pub fn expired(
 
 /// A failed attempt: the condition's reason and what to tell the user.
 #[derive(Debug)]
-struct Failure {
-    reason: String,
-    message: String,
+pub(super) struct Failure {
+    pub(super) reason: String,
+    pub(super) message: String,
 }
 
 impl Failure {
-    fn new(reason: &str, message: impl Into<String>) -> Failure {
+    pub(super) fn new(reason: &str, message: impl Into<String>) -> Failure {
         Failure {
             reason: reason.into(),
             message: message.into(),
@@ -162,7 +163,7 @@ impl Failure {
     }
 
     /// From a category such as `backup-denied`: `BackupDenied`.
-    fn categorized(category: &str, message: impl Into<String>) -> Failure {
+    pub(super) fn categorized(category: &str, message: impl Into<String>) -> Failure {
         let reason = category
             .split('-')
             .map(|word| {
@@ -488,13 +489,12 @@ async fn secret_field(
         .collect()
 }
 
-/// Where the snapshots of `cluster` go, from its spec and Secrets.
-async fn store_config(
+/// The storage `s3` names, with its Secrets from the Cluster's namespace.
+pub(super) async fn store_config(
     ctx: &Context,
     names: &Names,
-    spec: &EtcdBackup,
+    s3: &S3Destination,
 ) -> Result<StoreConfig, Failure> {
-    let s3 = &spec.s3;
     if !crate::policy::backup_endpoint_allowed(&ctx.config.policy, &s3.endpoint) {
         return Err(Failure::new(
             "EndpointNotAllowed",
@@ -549,7 +549,23 @@ async fn identity(
     names: &Names,
     spec: &EtcdBackup,
 ) -> Result<(pki::Bundle, pki::Key), Failure> {
-    let name = &spec.encryption_key_secret;
+    let key = read_key(secrets, &spec.encryption_key_secret).await?;
+    let mut roles = BTreeMap::new();
+    for role in pki::ROLES {
+        let secret_name = names.cert_secret(role);
+        let secret = secrets.get_opt(&secret_name).await.map_err(|e| {
+            Failure::new("BackupFailed", format!("reading Secret {secret_name}: {e}"))
+        })?;
+        if let Some(data) = secret.and_then(|s| s.data) {
+            roles.insert(role.to_string(), data);
+        }
+    }
+    let bundle = pki::Bundle::new(roles).map_err(|e| Failure::new("PKIMissing", e.to_string()))?;
+    Ok((bundle, key))
+}
+
+/// The sealing key in Secret `name`.
+pub(super) async fn read_key(secrets: &Api<Secret>, name: &str) -> Result<pki::Key, Failure> {
     let secret = secrets
         .get_opt(name)
         .await
@@ -570,24 +586,12 @@ async fn identity(
                 format!("Secret {name} has no key {}", pki::KEY_FIELD),
             )
         })?;
-    let key = pki::Key::from_secret_value(&value.0).map_err(|e| {
+    pki::Key::from_secret_value(&value.0).map_err(|e| {
         Failure::new(
             "EncryptionKeyInvalid",
             format!("Secret {name}, key {:?}: {e}", pki::KEY_FIELD),
         )
-    })?;
-    let mut roles = BTreeMap::new();
-    for role in pki::ROLES {
-        let secret_name = names.cert_secret(role);
-        let secret = secrets.get_opt(&secret_name).await.map_err(|e| {
-            Failure::new("BackupFailed", format!("reading Secret {secret_name}: {e}"))
-        })?;
-        if let Some(data) = secret.and_then(|s| s.data) {
-            roles.insert(role.to_string(), data);
-        }
-    }
-    let bundle = pki::Bundle::new(roles).map_err(|e| Failure::new("PKIMissing", e.to_string()))?;
-    Ok((bundle, key))
+    })
 }
 
 /// Take a snapshot of `cluster`'s etcd into its storage, then apply
@@ -598,7 +602,7 @@ async fn attempt(
     names: &Names,
     spec: &EtcdBackup,
 ) -> Result<Taken, Failure> {
-    let config = store_config(ctx, names, spec).await?;
+    let config = store_config(ctx, names, &spec.s3).await?;
     let store = SnapshotStore::new(&config)
         .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);

@@ -1172,6 +1172,21 @@ impl Act<'_> {
             Some(spread) => render::spread(pod, self.names, spread),
             None => pod,
         };
+        // The first bootstrap of a Cluster started from a snapshot: each
+        // member starts on the snapshot's data.
+        let pod = match crate::backup::restore::pending(self.cluster) {
+            Some((from, status)) if state == ClusterState::New => {
+                let flags = crate::backup::restore::restore_flags(&pod);
+                crate::backup::restore::with_restore(
+                    pod,
+                    from,
+                    status,
+                    &self.ctx.config.operator_image(),
+                    flags,
+                )
+            }
+            _ => pod,
+        };
         let pod_name = pod.name_any();
         match self.pods.create(&PostParams::default(), &pod).await {
             Ok(created) => {
