@@ -254,7 +254,18 @@ pub struct EtcdBackup {
     /// `kubectl kok cluster backup` is still taken.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+    /// When a majority of the etcd members lose their data (quorum lost),
+    /// rebuild every member from the latest snapshot at once. False: the
+    /// Cluster says so (`Restored=False`, reason `QuorumLost`) and waits for
+    /// the annotation `kubeonkube.io/recover-from-snapshot` (`latest` or a
+    /// snapshot's name). Either way an empty etcd never replaces it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_recover: bool,
 }
+
+/// Annotation on a Cluster whose etcd lost its quorum: rebuild it from this
+/// snapshot (`latest` or a name) of its backups.
+pub const RECOVER_ANNOTATION: &str = "kubeonkube.io/recover-from-snapshot";
 
 /// Exactly one of `every` or `cron`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
@@ -658,6 +669,10 @@ pub struct RestoreStatus {
     /// Every member started on the snapshot's data.
     #[serde(default)]
     pub data_restored: bool,
+    /// Why: `restoreFrom` (a new Cluster), or `quorumLost` (the members of
+    /// this one lost their data and were rebuilt from its backups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 /// Annotation on a Cluster asking for an etcd snapshot now: any new value

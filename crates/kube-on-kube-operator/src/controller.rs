@@ -533,6 +533,9 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     // etcd's members and the control plane's replicas: what the etcd step
     // does to its members does not concern the replicas.
     let pods = list(&ctx, &pods_api, &names).await?;
+    if let Some(action) = quorum_lost(&ctx, &cluster, &names, &pods).await? {
+        return Ok(action);
+    }
     let pass = Pass {
         ctx: &ctx,
         cluster: &cluster,
@@ -729,6 +732,74 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         "reconciled"
     );
     Ok(Action::requeue(next))
+}
+
+/// A Cluster with backups whose etcd members lost their data, a majority
+/// of those it reported: rebuilt from a snapshot, or held (see
+/// [`crate::backup::restore::recover`]); never bootstrapped empty.
+async fn quorum_lost(
+    ctx: &Context,
+    cluster: &Cluster,
+    names: &Names,
+    pods: &[Pod],
+) -> Result<Option<Action>, Error> {
+    let Some(status) = cluster.status.as_ref() else {
+        return Ok(None);
+    };
+    if cluster.spec.etcd.backup.is_none() || status.etcd_members.is_empty() {
+        return Ok(None);
+    }
+    let storage = &cluster.spec.etcd.storage;
+    if storage
+        .volume_source
+        .as_ref()
+        .is_some_and(|v| v.host_path.is_some())
+    {
+        // On the node, the data outlives its Pod and its Service's pin.
+        return Ok(None);
+    }
+    let member_pods: Vec<String> = pods
+        .iter()
+        .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(ResourceExt::name_any)
+        .collect();
+    let claims: Vec<String> = if storage.claim_template.is_some() {
+        let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+            Api::namespaced(ctx.client.clone(), &names.namespace);
+        list(ctx, &api, names)
+            .await?
+            .into_iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .map(|c| c.name_any())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let had: Vec<&str> = status
+        .etcd_members
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
+    let lost = had
+        .iter()
+        .filter(|m| {
+            if storage.claim_template.is_some() {
+                !claims.iter().any(|c| c == *m)
+            } else {
+                !member_pods.iter().any(|p| p == *m)
+            }
+        })
+        .count();
+    crate::backup::restore::recover(
+        ctx,
+        cluster,
+        names,
+        lost,
+        had.len(),
+        (&member_pods, &claims),
+    )
+    .await
 }
 
 /// What decides when a Cluster's next pass runs, as the pass found it.

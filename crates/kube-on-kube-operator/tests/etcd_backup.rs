@@ -728,3 +728,209 @@ async fn old_admin_config(client: &Client, ns: &str, name: &str) -> kube::Config
     config.read_timeout = Some(Duration::from_secs(5));
     config
 }
+
+/// A Production Cluster loses every etcd member's Pod and claim after a
+/// snapshot: the operator says the quorum is lost and bootstraps no empty
+/// etcd in its place; asked to (the annotation), it rebuilds all three
+/// members from the snapshot, and the 1,000 objects written before are
+/// there, read through a kubeconfig issued before the loss.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot() {
+    use futures::StreamExt as _;
+    let runner = runner();
+    let s3 = S3Server::start(&S3Options {
+        listen: runner.gateway(),
+        ..Default::default()
+    })
+    .expect("versitygw");
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("quorum").await;
+    grant_operator(&client, &ns).await;
+    start_operator_pod_with(
+        &client,
+        &ns,
+        &runner.nodes()[2],
+        &[
+            format!("--backup-endpoints={}", s3.endpoint()),
+            "--operator-image=kube-on-kube-operator".into(),
+        ],
+    )
+    .await;
+    let key_text = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode([7u8; 32])
+    };
+    for (secret_name, data) in [
+        (
+            "s3-credentials",
+            vec![
+                ("accessKeyID", s3.access_key_id()),
+                ("secretAccessKey", s3.secret_access_key()),
+            ],
+        ),
+        ("s3-ca", vec![("ca.crt", s3.ca_pem().expect("tls"))]),
+        ("backup-key", vec![("key", key_text.as_str())]),
+    ] {
+        put_secret(&client, &ns, &secret(secret_name, &data)).await;
+    }
+    let name = "qc";
+    let mut cluster = test_cluster(&ns, name, ClusterMode::Production);
+    cluster.spec.etcd.backup = Some(
+        serde_json::from_value(json!({
+            "schedule": {"every": "24h"},
+            "suspend": true,
+            "s3": {
+                "endpoint": s3.endpoint(),
+                "bucket": s3.bucket(),
+                "credentialsSecret": "s3-credentials",
+                "caSecret": "s3-ca",
+            },
+            "encryptionKeySecret": "backup-key",
+        }))
+        .expect("backup"),
+    );
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+    wait_cluster(&clusters, name, "3 members and the API", READY, |c| {
+        etcd_converged(c, 3) && condition(c, "APIServerReady").as_deref() == Some("True")
+    })
+    .await;
+
+    // 1,000 objects, then a snapshot of them.
+    let business = business_client(&client, &ns, name).await;
+    let maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
+    let started = Instant::now();
+    let failed = futures::stream::iter(0..1000)
+        .map(|n| {
+            let maps = maps.clone();
+            async move {
+                let map: ConfigMap = serde_json::from_value(json!({
+                    "metadata": {"name": format!("object-{n}")},
+                    "data": {"n": n.to_string()},
+                }))
+                .expect("configmap");
+                maps.create(&PostParams::default(), &map).await.err()
+            }
+        })
+        .buffer_unordered(16)
+        .filter_map(|e| async move { e })
+        .collect::<Vec<_>>()
+        .await;
+    assert!(failed.is_empty(), "{failed:?}");
+    println!("1,000 objects written in {:?}", started.elapsed());
+    let c = ask(&clusters, name, "before-loss").await;
+    assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
+    let snapshot = backup_status(&c)["lastSnapshot"]["name"]
+        .as_str()
+        .expect("snapshot")
+        .to_string();
+
+    // Every member's claim and Pod.
+    let lost_at = Instant::now();
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &ns);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        let member = format!("{name}-etcd-{i}");
+        claims
+            .delete(&member, &Default::default())
+            .await
+            .expect("delete claim");
+        pods.delete(&member, &Default::default())
+            .await
+            .expect("delete pod");
+    }
+    let c = wait_cluster(
+        &clusters,
+        name,
+        "the quorum loss to be reported",
+        ANSWER,
+        |c| condition_of(c, "Restored").is_some_and(|(_, r, _)| r == "QuorumLost"),
+    )
+    .await;
+    println!("{:?}", condition_of(&c, "Restored"));
+    // Held: no member is started on an empty database.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let members = pods
+        .list(&kube::api::ListParams::default().labels("kubeonkube.io/etcd-member"))
+        .await
+        .expect("pods");
+    assert!(
+        members
+            .items
+            .iter()
+            .all(|p| p.metadata.deletion_timestamp.is_some()),
+        "no member started while held: {:?}",
+        members
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+    );
+    let asked_at = Instant::now();
+    clusters
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                kube_on_kube_api::cluster::RECOVER_ANNOTATION: "latest"
+            }}})),
+        )
+        .await
+        .expect("ask for the rebuild");
+    let c = wait_cluster(
+        &clusters,
+        name,
+        "etcd rebuilt from the snapshot",
+        READY,
+        |c| {
+            condition(c, "Restored").as_deref() == Some("True")
+                && etcd_converged(c, 3)
+                && condition(c, "APIServerReady").as_deref() == Some("True")
+        },
+    )
+    .await;
+    let restore = c.status.clone().expect("status").restore.expect("restore");
+    println!(
+        "rebuilt from {} {:?} after the loss, {:?} after it was asked for: {:?}",
+        restore.snapshot,
+        lost_at.elapsed(),
+        asked_at.elapsed(),
+        condition_of(&c, "Restored")
+    );
+    assert_eq!(restore.snapshot, snapshot);
+    assert_eq!(restore.cause.as_deref(), Some("quorumLost"));
+    assert!(
+        !event_notes(&client, &ns, name, "QuorumLost")
+            .await
+            .is_empty(),
+        "an Event says the quorum was lost"
+    );
+    // Through the client made before the loss (its kubeconfig was issued
+    // then): every object, read until the API answers from the rebuilt etcd.
+    let mut seen = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(list) = maps.list(&Default::default()).await {
+            seen = list
+                .items
+                .iter()
+                .map(|m| m.name_any())
+                .filter(|n| n.starts_with("object-"))
+                .collect();
+            if seen.len() == 1000 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of 1,000 objects readable after the rebuild",
+            seen.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -28,7 +28,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::{RestoreFrom, RestoreStatus};
+use kube_on_kube_api::cluster::{RECOVER_ANNOTATION, RestoreFrom, RestoreStatus, S3Destination};
 use serde_json::json;
 
 use super::scheduled::{Failure, read_key, store_config};
@@ -65,12 +65,32 @@ fn minor(version: &str) -> Option<u32> {
         .ok()
 }
 
-/// The restore in progress, when `cluster` restores and its members have
-/// yet to start on the snapshot.
-pub fn pending(cluster: &Cluster) -> Option<(&RestoreFrom, &RestoreStatus)> {
-    let from = cluster.spec.etcd.restore_from.as_ref()?;
+/// Why a restore of a Cluster's own backups runs.
+pub const QUORUM_LOST: &str = "quorumLost";
+const RESTORE_FROM: &str = "restoreFrom";
+
+/// The restore in progress, when `cluster`'s members have yet to start on a
+/// snapshot: where the snapshot is (its prefix filled in) and what was
+/// recorded.
+pub fn pending(cluster: &Cluster) -> Option<(S3Destination, &RestoreStatus)> {
     let status = cluster.status.as_ref()?.restore.as_ref()?;
-    (status.identity_restored && !status.data_restored).then_some((from, status))
+    if !status.identity_restored || status.data_restored {
+        return None;
+    }
+    let etcd = &cluster.spec.etcd;
+    if status.cause.as_deref() == Some(QUORUM_LOST) {
+        let mut s3 = etcd.backup.as_ref()?.s3.clone();
+        s3.prefix.get_or_insert_with(|| {
+            format!(
+                "{}/{}",
+                cluster.metadata.namespace.as_deref().unwrap_or_default(),
+                cluster.metadata.name.as_deref().unwrap_or_default()
+            )
+        });
+        Some((s3, status))
+    } else {
+        Some((etcd.restore_from.as_ref()?.s3.clone(), status))
+    }
 }
 
 async fn write(
@@ -271,7 +291,150 @@ async fn identity(
         revision: manifest.etcd_revision,
         identity_restored: true,
         data_restored: false,
+        cause: Some(RESTORE_FROM.into()),
     })
+}
+
+/// For a Cluster with backups whose etcd lost a majority of its members'
+/// data: say so and, when it allows it or is asked to, rebuild every member
+/// from a snapshot. `lost` is how many of the `desired` members lost their
+/// data (claim or emptyDir gone); `remaining` are the member Pods and claims
+/// still there, deleted before the rebuild so no old data directory mixes
+/// with the restored one. `Some(action)`: the pass stops here; no empty
+/// etcd is ever bootstrapped in the lost one's place.
+pub async fn recover(
+    ctx: &Context,
+    cluster: &Cluster,
+    names: &Names,
+    lost: usize,
+    desired: usize,
+    remaining: (&[String], &[String]),
+) -> Result<Option<Action>, Error> {
+    let Some(backup) = cluster.spec.etcd.backup.as_ref() else {
+        return Ok(None);
+    };
+    let status = cluster.status.as_ref();
+    let served = status.is_some_and(|s| !s.etcd_members.is_empty());
+    if pending(cluster).is_some() || !served || lost * 2 <= desired {
+        return Ok(None);
+    }
+    let recorded = status.and_then(|s| s.restore.as_ref());
+    let asked = cluster
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECOVER_ANNOTATION));
+    let lost_message = format!(
+        "{lost} of {desired} etcd members lost their data: etcd has no quorum and cannot get it back"
+    );
+    if !backup.auto_recover && asked.is_none() {
+        let message = format!(
+            "{lost_message}; rebuild every member from a snapshot of its backups with `kubectl annotate cluster {} {RECOVER_ANNOTATION}=latest` (or a snapshot's name), or set spec.etcd.backup.autoRecover",
+            names.cluster
+        );
+        write(
+            ctx,
+            cluster,
+            names,
+            recorded,
+            false,
+            "QuorumLost",
+            message.clone(),
+        )
+        .await?;
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "QuorumLost",
+            "Recover",
+            message,
+        )
+        .await;
+        return Ok(Some(Action::requeue(Duration::from_secs(30))));
+    }
+    let wanted = asked.map_or("latest", String::as_str);
+    let chosen = async {
+        let config = store_config(ctx, names, &backup.s3).await?;
+        let store = SnapshotStore::new(&config)
+            .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+        choose(&store, wanted).await
+    }
+    .await;
+    let manifest = match chosen {
+        Ok(m) => m,
+        Err(failure) => {
+            let message = format!(
+                "{lost_message}; no snapshot to rebuild it from: {}",
+                failure.message
+            );
+            write(
+                ctx,
+                cluster,
+                names,
+                recorded,
+                false,
+                &failure.reason,
+                message.clone(),
+            )
+            .await?;
+            publish(
+                ctx,
+                cluster,
+                EventType::Warning,
+                &failure.reason,
+                "Recover",
+                message,
+            )
+            .await;
+            return Ok(Some(Action::requeue(Duration::from_secs(30))));
+        }
+    };
+    let restore = RestoreStatus {
+        snapshot: manifest.name.clone(),
+        sha256: manifest.sha256.clone(),
+        revision: manifest.etcd_revision,
+        identity_restored: true,
+        data_restored: false,
+        cause: Some(QUORUM_LOST.into()),
+    };
+    // Recorded first: a pass that deletes and then stops still knows the
+    // members it makes next start on the snapshot.
+    let message = format!(
+        "{lost_message}; rebuilding every member from snapshot {} (revision {})",
+        manifest.name, manifest.etcd_revision
+    );
+    write(
+        ctx,
+        cluster,
+        names,
+        Some(&restore),
+        false,
+        "RecoveringFromSnapshot",
+        message.clone(),
+    )
+    .await?;
+    publish(
+        ctx,
+        cluster,
+        EventType::Warning,
+        "QuorumLost",
+        "Recover",
+        message,
+    )
+    .await;
+    let owner = crate::render::owner(cluster);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &names.namespace);
+    let (remaining_pods, remaining_claims) = remaining;
+    for pod in remaining_pods {
+        crate::ownership::delete_owned(&pods, pod, &owner, &Default::default()).await?;
+    }
+    for claim in remaining_claims {
+        crate::ownership::delete_owned(&claims, claim, &owner, &Default::default()).await?;
+    }
+    Ok(Some(Action::requeue(Duration::from_secs(2))))
 }
 
 /// The complete snapshot `wanted` names (`latest`: the newest).
@@ -358,7 +521,7 @@ pub async fn finish(
 /// the data directory), etcd's image restores it as this member.
 pub fn with_restore(
     mut pod: Pod,
-    from: &RestoreFrom,
+    s3: &S3Destination,
     status: &RestoreStatus,
     operator_image: &str,
     restore_args: Vec<String>,
@@ -396,7 +559,6 @@ pub fn with_restore(
         ..Default::default()
     });
     let mut fetch_mounts = mounts.clone();
-    let s3 = &from.s3;
     let mut args = vec![
         "restore-snapshot".to_string(),
         format!("--endpoint={}", s3.endpoint),
@@ -458,6 +620,11 @@ pub fn with_restore(
         "restore".into(),
         format!("{SCRATCH}/snapshot.db"),
         format!("--data-dir={data_dir}"),
+        // Revisions move on past any a watcher of the lost cluster saw, and
+        // those watchers are told to list again: a kube-apiserver that kept
+        // running never serves its stale cache as current.
+        "--bump-revision=1000000000".into(),
+        "--mark-compacted".into(),
     ];
     command.extend(restore_args);
     let restore = Container {

@@ -1175,11 +1175,11 @@ impl Act<'_> {
         // The first bootstrap of a Cluster started from a snapshot: each
         // member starts on the snapshot's data.
         let pod = match crate::backup::restore::pending(self.cluster) {
-            Some((from, status)) if state == ClusterState::New => {
+            Some((s3, status)) if state == ClusterState::New => {
                 let flags = crate::backup::restore::restore_flags(&pod);
                 crate::backup::restore::with_restore(
                     pod,
-                    from,
+                    &s3,
                     status,
                     &self.ctx.config.operator_image(),
                     flags,
