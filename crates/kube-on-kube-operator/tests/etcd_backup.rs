@@ -634,12 +634,28 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         .await
         .expect("the first Cluster's admin kubeconfig is admitted by the restored one");
 
+    // A snapshot damaged in storage: one byte of its data flipped.
+    let c = ask(&clusters, name, "to-damage").await;
+    let damaged = backup_status(&c)["lastSnapshot"]["name"]
+        .as_str()
+        .expect("snapshot")
+        .to_string();
+    let file = s3.object_path(s3.bucket(), &format!("{prefix}/{damaged}.db"));
+    let mut bytes = std::fs::read(&file).expect("the stored object");
+    bytes[100] ^= 0xff;
+    std::fs::write(&file, &bytes).expect("damage it");
+
     // Restores that cannot be: each its reason, and nothing of the Cluster
     // made (no member that would start on an empty database, no CA).
     let refused: Vec<(&str, Value, &str)> = vec![
         (
+            "a damaged snapshot",
+            json!({"snapshot": damaged, "key": "backup-key"}),
+            "BackupCorrupt",
+        ),
+        (
             "a newer Kubernetes minor",
-            json!({"version": "1.34.0", "snapshot": "latest", "key": "backup-key"}),
+            json!({"version": "1.34.0", "snapshot": source, "key": "backup-key"}),
             "SnapshotTooNew",
         ),
         (
@@ -649,7 +665,7 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         ),
         (
             "another key",
-            json!({"snapshot": "latest", "key": "other-key"}),
+            json!({"snapshot": source, "key": "other-key"}),
             "IdentityNotOpened",
         ),
     ];

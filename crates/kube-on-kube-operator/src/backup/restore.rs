@@ -459,6 +459,12 @@ async fn choose(store: &SnapshotStore, wanted: &str) -> Result<Manifest, Failure
             format!("no complete snapshot {wanted:?} in the storage named by etcd.restoreFrom.s3"),
         )
     })?;
+    // Read through once, before anything is made or given up for it: a
+    // corrupt or cut-short snapshot is refused here, with its reason.
+    store
+        .verify(&manifest)
+        .await
+        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
     if manifest.pki.is_none() {
         return Err(Failure::new(
             "NoIdentity",

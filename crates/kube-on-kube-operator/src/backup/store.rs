@@ -681,7 +681,7 @@ impl SnapshotStore {
             })?
             .to_string_lossy();
         let partial = dest.with_file_name(format!(".{file_name}.partial"));
-        let result = self.fetch(manifest, &key, &partial).await;
+        let result = self.fetch(manifest, &key, Some(&partial)).await;
         if let Err(e) = result {
             let _ = tokio::fs::remove_file(&partial).await;
             return Err(e);
@@ -695,11 +695,21 @@ impl SnapshotStore {
             })
     }
 
+    /// Reads the snapshot `manifest` describes through, writing it nowhere,
+    /// and checks it as [`SnapshotStore::download`] does: whether it can be
+    /// restored, before anything is given up for it.
+    pub async fn verify(&self, manifest: &Manifest) -> Result<(), StoreError> {
+        let key = self.key(&manifest.object);
+        self.fetch(manifest, &key, None).await
+    }
+
+    /// Reads the object `key` of `manifest`, into `partial` when given, and
+    /// checks its size, sha256 and the database's own trailing sha256.
     async fn fetch(
         &self,
         manifest: &Manifest,
         key: &Path,
-        partial: &FsPath,
+        partial: Option<&FsPath>,
     ) -> Result<(), StoreError> {
         let got = self.store.get(key).await.map_err(|e| match e {
             object_store::Error::NotFound { .. } => StoreError::Missing {
@@ -709,10 +719,13 @@ impl SnapshotStore {
         })?;
         let file_error = |source| StoreError::File {
             what: "writing",
-            path: partial.to_owned(),
+            path: partial.map(FsPath::to_owned).unwrap_or_default(),
             source,
         };
-        let mut file = tokio::fs::File::create(partial).await.map_err(file_error)?;
+        let mut file = match partial {
+            Some(path) => Some(tokio::fs::File::create(path).await.map_err(file_error)?),
+            None => None,
+        };
         let mut digest = FileDigest::default();
         let mut stream = got.into_stream();
         while let Some(piece) = stream.next().await {
@@ -722,9 +735,13 @@ impl SnapshotStore {
             if digest.size() > manifest.size {
                 break;
             }
-            file.write_all(&piece).await.map_err(file_error)?;
+            if let Some(file) = file.as_mut() {
+                file.write_all(&piece).await.map_err(file_error)?;
+            }
         }
-        file.sync_all().await.map_err(file_error)?;
+        if let Some(file) = file.as_mut() {
+            file.sync_all().await.map_err(file_error)?;
+        }
         let sums = digest.finish();
         if sums.size != manifest.size {
             return Err(StoreError::Size {
