@@ -116,6 +116,16 @@ pub(crate) fn meta_cluster() -> Result<&'static KubeEnv> {
 /// Runs the kube-on-kube-operator as the Pod `operator` of `ns` on `cp-0`,
 /// watching `ns`, allowed everything.
 pub(crate) async fn start_operator(client: &Client, ns: &str, log_level: &str) -> Result<()> {
+    start_operator_with(client, ns, log_level, &[]).await
+}
+
+/// [`start_operator`] with `extra` flags.
+pub(crate) async fn start_operator_with(
+    client: &Client,
+    ns: &str,
+    log_level: &str,
+    extra: &[String],
+) -> Result<()> {
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "operator"}}))?;
     Api::<ServiceAccount>::namespaced(client.clone(), ns)
@@ -129,14 +139,18 @@ pub(crate) async fn start_operator(client: &Client, ns: &str, log_level: &str) -
     Api::<ClusterRoleBinding>::all(client.clone())
         .create(&PostParams::default(), &binding)
         .await?;
+    let mut args = vec![
+        format!("--namespace={ns}"),
+        "--node-operator-image=node-operator".to_string(),
+        format!("--log-level={log_level}"),
+    ];
+    args.extend_from_slice(extra);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "operator"},
         "spec": {
             "nodeName": "cp-0",
             "serviceAccountName": "operator",
-            "containers": [{"name": "operator", "image": "kube-on-kube-operator",
-                            "args": [format!("--namespace={ns}"), "--node-operator-image=node-operator",
-                                     format!("--log-level={log_level}")]}]
+            "containers": [{"name": "operator", "image": "kube-on-kube-operator", "args": args}]
         }
     }))?;
     Api::<Pod>::namespaced(client.clone(), ns)

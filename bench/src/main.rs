@@ -1,5 +1,6 @@
 //! `kok-bench`: the benchmarks of `bench/README.md`, one subcommand each.
 
+mod backup;
 mod canary;
 mod cluster;
 mod controlplane;
@@ -51,6 +52,10 @@ enum Command {
     /// Machines with kube-on-kube, against `kubeadm init` and `kubeadm join`
     /// on SSH test hosts of the same kind.
     Cluster(cluster::Args),
+    /// etcd snapshots into S3, restores into a new Cluster and rebuilds
+    /// after losing every member, of a Production Cluster holding 1,000,
+    /// 10,000 and 100,000 objects.
+    Backup(backup::Args),
 }
 
 #[tokio::main]
@@ -64,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Steady(args) => steady::run(args).await,
         Command::Workers(args) => workers::run(args).await,
         Command::Cluster(args) => cluster::run(args).await,
+        Command::Backup(args) => backup::run(args).await,
     }
 }
 
