@@ -39,6 +39,17 @@ use super::{node, storage};
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// Every container's cgroup is a child of this, in every hierarchy.
 const CGROUP_PARENT: &str = "/kok-pods";
+
+/// The container cgroups this process made and has not removed yet: what a
+/// shutdown removes after its Pods are stopped (a container that did not
+/// stop in time, or one that was starting as the shutdown began, would
+/// otherwise leave its cgroup behind).
+static LIVE_CGROUPS: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn live_cgroups() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<String>> {
+    LIVE_CGROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// Everything the Pod tasks share.
@@ -144,6 +155,14 @@ pub(crate) async fn run(
     for task in [heartbeat, provisioner, slices, hosts] {
         task.abort();
     }
+    let left: Vec<String> = live_cgroups().iter().cloned().collect();
+    for cgroup in left {
+        if let Err(e) = cgroups::remove(&cgroup, Duration::from_secs(5)) {
+            tracing::warn!(error = %e, "a container's cgroup outlived the runner");
+        }
+        live_cgroups().remove(&cgroup);
+    }
+    cgroups::remove_if_empty(CGROUP_PARENT);
 }
 
 fn finished(pod: &Pod) -> bool {
@@ -991,7 +1010,10 @@ impl Process {
         // goes with it. The process has not got far enough to fork yet.
         let cgroup = format!("{CGROUP_PARENT}/{pid}");
         let contained = match cgroups::move_into(&cgroup, pid) {
-            Ok(()) => true,
+            Ok(()) => {
+                live_cgroups().insert(cgroup.clone());
+                true
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "a container without a cgroup of its own");
                 false
@@ -1009,6 +1031,7 @@ impl Process {
                 if let Err(e) = cgroups::remove(&cgroup, Duration::from_secs(10)) {
                     tracing::warn!(error = %e, "a container's processes outlived it");
                 }
+                live_cgroups().remove(&cgroup);
                 cgroups::remove_if_empty(CGROUP_PARENT);
             }
             let _ = tx.send(code);
