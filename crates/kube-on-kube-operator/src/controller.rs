@@ -781,6 +781,11 @@ async fn quorum_lost(
         .iter()
         .map(|m| m.name.as_str())
         .collect();
+    // More members reported than wanted: a scale-down is removing some,
+    // their claims on purpose.
+    if had.len() > cluster.spec.mode.replicas() as usize {
+        return Ok(None);
+    }
     let lost = had
         .iter()
         .filter(|m| {

@@ -129,6 +129,47 @@ async fn write(
     Ok(())
 }
 
+/// What to say about a restore: the `Restored` condition and an Event with
+/// the same message.
+struct Said<'a> {
+    ok: bool,
+    reason: &'a str,
+    event: EventType,
+    event_reason: &'a str,
+    action: &'a str,
+}
+
+/// Write the condition (and `restore`, when given) and publish the Event.
+async fn say(
+    ctx: &Context,
+    cluster: &Cluster,
+    names: &Names,
+    restore: Option<&RestoreStatus>,
+    said: Said<'_>,
+    message: String,
+) -> Result<(), Error> {
+    write(
+        ctx,
+        cluster,
+        names,
+        restore,
+        said.ok,
+        said.reason,
+        message.clone(),
+    )
+    .await?;
+    publish(
+        ctx,
+        cluster,
+        said.event,
+        said.event_reason,
+        said.action,
+        message,
+    )
+    .await;
+    Ok(())
+}
+
 /// For a Cluster that restores and has no identity yet: write it from the
 /// snapshot. `Some(action)`: the pass stops here (it is written and the
 /// next pass reads it, or it failed and is tried again).
@@ -150,48 +191,40 @@ pub async fn prepare(
                 "identity restored from snapshot {} (revision {}); the members start on its data",
                 restore.snapshot, restore.revision
             );
-            write(
+            say(
                 ctx,
                 cluster,
                 names,
                 Some(&restore),
-                false,
-                "RestoringData",
-                message.clone(),
-            )
-            .await?;
-            publish(
-                ctx,
-                cluster,
-                EventType::Normal,
-                "IdentityRestored",
-                "Restore",
+                Said {
+                    ok: false,
+                    reason: "RestoringData",
+                    event: EventType::Normal,
+                    event_reason: "IdentityRestored",
+                    action: "Restore",
+                },
                 message,
             )
-            .await;
+            .await?;
             Ok(Some(Action::requeue(Duration::from_secs(1))))
         }
         Err(failure) => {
             tracing::warn!(cluster = %names.cluster, reason = %failure.reason, message = %failure.message, "restore refused");
-            write(
+            say(
                 ctx,
                 cluster,
                 names,
                 recorded,
-                false,
-                &failure.reason,
-                failure.message.clone(),
-            )
-            .await?;
-            publish(
-                ctx,
-                cluster,
-                EventType::Warning,
-                &failure.reason,
-                "Restore",
+                Said {
+                    ok: false,
+                    reason: &failure.reason,
+                    event: EventType::Warning,
+                    event_reason: &failure.reason,
+                    action: "Restore",
+                },
                 failure.message,
             )
-            .await;
+            .await?;
             Ok(Some(Action::requeue(Duration::from_secs(30))))
         }
     }
@@ -332,25 +365,21 @@ pub async fn recover(
             "{lost_message}; rebuild every member from a snapshot of its backups with `kubectl annotate cluster {} {RECOVER_ANNOTATION}=latest` (or a snapshot's name), or set spec.etcd.backup.autoRecover",
             names.cluster
         );
-        write(
+        say(
             ctx,
             cluster,
             names,
             recorded,
-            false,
-            "QuorumLost",
-            message.clone(),
-        )
-        .await?;
-        publish(
-            ctx,
-            cluster,
-            EventType::Warning,
-            "QuorumLost",
-            "Recover",
+            Said {
+                ok: false,
+                reason: "QuorumLost",
+                event: EventType::Warning,
+                event_reason: "QuorumLost",
+                action: "Recover",
+            },
             message,
         )
-        .await;
+        .await?;
         return Ok(Some(Action::requeue(Duration::from_secs(30))));
     }
     let wanted = asked.map_or("latest", String::as_str);
@@ -368,25 +397,21 @@ pub async fn recover(
                 "{lost_message}; no snapshot to rebuild it from: {}",
                 failure.message
             );
-            write(
+            say(
                 ctx,
                 cluster,
                 names,
                 recorded,
-                false,
-                &failure.reason,
-                message.clone(),
-            )
-            .await?;
-            publish(
-                ctx,
-                cluster,
-                EventType::Warning,
-                &failure.reason,
-                "Recover",
+                Said {
+                    ok: false,
+                    reason: &failure.reason,
+                    event: EventType::Warning,
+                    event_reason: &failure.reason,
+                    action: "Recover",
+                },
                 message,
             )
-            .await;
+            .await?;
             return Ok(Some(Action::requeue(Duration::from_secs(30))));
         }
     };
@@ -404,25 +429,21 @@ pub async fn recover(
         "{lost_message}; rebuilding every member from snapshot {} (revision {})",
         manifest.name, manifest.etcd_revision
     );
-    write(
+    say(
         ctx,
         cluster,
         names,
         Some(&restore),
-        false,
-        "RecoveringFromSnapshot",
-        message.clone(),
-    )
-    .await?;
-    publish(
-        ctx,
-        cluster,
-        EventType::Warning,
-        "QuorumLost",
-        "Recover",
+        Said {
+            ok: false,
+            reason: "RecoveringFromSnapshot",
+            event: EventType::Warning,
+            event_reason: "QuorumLost",
+            action: "Recover",
+        },
         message,
     )
-    .await;
+    .await?;
     let owner = crate::render::owner(cluster);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
@@ -499,25 +520,21 @@ pub async fn finish(
         "started from snapshot {} (revision {})",
         done.snapshot, done.revision
     );
-    write(
+    say(
         ctx,
         cluster,
         names,
         Some(&done),
-        true,
-        "Restored",
-        message.clone(),
-    )
-    .await?;
-    publish(
-        ctx,
-        cluster,
-        EventType::Normal,
-        "Restored",
-        "Restore",
+        Said {
+            ok: true,
+            reason: "Restored",
+            event: EventType::Normal,
+            event_reason: "Restored",
+            action: "Restore",
+        },
         message,
     )
-    .await;
+    .await?;
     Ok(())
 }
 
