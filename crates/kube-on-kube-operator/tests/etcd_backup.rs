@@ -102,6 +102,24 @@ async fn put_secret(client: &Client, ns: &str, secret: &Secret) {
         .expect("secret");
 }
 
+/// The Secrets a Cluster's backups name, in `ns`: `s3-credentials`,
+/// `s3-ca` (of `s3`) and `backup-key` (holding `key`).
+async fn storage_secrets(client: &Client, ns: &str, s3: &S3Server, key: &str) {
+    for (name, data) in [
+        (
+            "s3-credentials",
+            vec![
+                ("accessKeyID", s3.access_key_id()),
+                ("secretAccessKey", s3.secret_access_key()),
+            ],
+        ),
+        ("s3-ca", vec![("ca.crt", s3.ca_pem().expect("tls"))]),
+        ("backup-key", vec![("key", key)]),
+    ] {
+        put_secret(client, ns, &secret(name, &data)).await;
+    }
+}
+
 /// What the test reads of the storage: the operator's own store code,
 /// pointed at the same bucket and prefix.
 fn store(s3: &S3Server, prefix: &str) -> SnapshotStore {
@@ -186,31 +204,13 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         ],
     )
     .await;
-    put_secret(
-        &client,
-        &ns,
-        &secret(
-            "s3-credentials",
-            &[
-                ("accessKeyID", s3.access_key_id()),
-                ("secretAccessKey", s3.secret_access_key()),
-            ],
-        ),
-    )
-    .await;
-    put_secret(
-        &client,
-        &ns,
-        &secret("s3-ca", &[("ca.crt", s3.ca_pem().expect("tls"))]),
-    )
-    .await;
     // The key the Cluster's identity is sealed with: 32 bytes as base64.
     let key_text = {
         use base64::Engine as _;
         let bytes: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
         base64::engine::general_purpose::STANDARD.encode(bytes)
     };
-    put_secret(&client, &ns, &secret("backup-key", &[("key", &key_text)])).await;
+    storage_secrets(&client, &ns, &s3, &key_text).await;
     put_secret(&client, &ns, &secret("short-key", &[("key", "c2hvcnQ=")])).await;
 
     // The API server refuses a schedule that is not exactly one kind.
@@ -540,19 +540,7 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         ],
     )
     .await;
-    for (secret_name, data) in [
-        (
-            "s3-credentials",
-            vec![
-                ("accessKeyID", s3.access_key_id()),
-                ("secretAccessKey", s3.secret_access_key()),
-            ],
-        ),
-        ("s3-ca", vec![("ca.crt", s3.ca_pem().expect("tls"))]),
-        ("backup-key", vec![("key", key_text.as_str())]),
-    ] {
-        put_secret(&client, &ns2, &secret(secret_name, &data)).await;
-    }
+    storage_secrets(&client, &ns2, &s3, &key_text).await;
     // Three members, each restored from the snapshot with the bootstrap's
     // initial cluster (etcd's procedure for a cluster).
     let mut restored = test_cluster(&ns2, "rs", ClusterMode::Production);
@@ -626,7 +614,7 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         .into_iter()
         .find_map(|p| p.status.and_then(|s| s.pod_ip))
         .expect("a ready apiserver pod");
-    let mut config = old_admin_config(&client, &ns, name).await;
+    let mut config = admin_config(&client, &ns, name).await;
     config.cluster_url = format!("https://{rs_apiserver}:6443").parse().expect("url");
     let via_old = Client::try_from(config).expect("client");
     Api::<ConfigMap>::namespaced(via_old, "default")
@@ -725,26 +713,6 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     }
 }
 
-/// The first Cluster's admin kubeconfig as a client configuration.
-async fn old_admin_config(client: &Client, ns: &str, name: &str) -> kube::Config {
-    let text = secret_value(
-        client,
-        ns,
-        &format!("{name}-admin-kubeconfig"),
-        "kubeconfig",
-    )
-    .await;
-    let kubeconfig: kube::config::Kubeconfig =
-        serde_norway::from_slice(&text).expect("admin kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("config");
-    config.tls_server_name = Some("kubernetes".into());
-    config.connect_timeout = Some(Duration::from_secs(2));
-    config.read_timeout = Some(Duration::from_secs(5));
-    config
-}
-
 /// A Production Cluster loses every etcd member's Pod and claim after a
 /// snapshot: the operator says the quorum is lost and bootstraps no empty
 /// etcd in its place; asked to (the annotation), it rebuilds all three
@@ -777,19 +745,7 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode([7u8; 32])
     };
-    for (secret_name, data) in [
-        (
-            "s3-credentials",
-            vec![
-                ("accessKeyID", s3.access_key_id()),
-                ("secretAccessKey", s3.secret_access_key()),
-            ],
-        ),
-        ("s3-ca", vec![("ca.crt", s3.ca_pem().expect("tls"))]),
-        ("backup-key", vec![("key", key_text.as_str())]),
-    ] {
-        put_secret(&client, &ns, &secret(secret_name, &data)).await;
-    }
+    storage_secrets(&client, &ns, &s3, &key_text).await;
     let name = "qc";
     let mut cluster = test_cluster(&ns, name, ClusterMode::Production);
     cluster.spec.etcd.backup = Some(

@@ -296,6 +296,15 @@ pub async fn business_client(client: &Client, ns: &str, name: &str) -> Client {
         .into_iter()
         .find_map(|p| p.status.and_then(|s| s.pod_ip))
         .expect("a ready apiserver pod");
+    let mut config = admin_config(client, ns, name).await;
+    config.cluster_url = format!("https://{apiserver}:6443").parse().expect("url");
+    Client::try_from(config).expect("business client")
+}
+
+/// The admin kubeconfig of cluster `name` as a client configuration, the
+/// name checked in the serving certificate `kubernetes` (point its URL at
+/// an apiserver Pod's address).
+pub async fn admin_config(client: &Client, ns: &str, name: &str) -> kube::Config {
     let text = secret_value(
         client,
         ns,
@@ -308,11 +317,10 @@ pub async fn business_client(client: &Client, ns: &str, name: &str) -> Client {
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .expect("config");
-    config.cluster_url = format!("https://{apiserver}:6443").parse().expect("url");
     config.tls_server_name = Some("kubernetes".into());
     config.connect_timeout = Some(Duration::from_secs(2));
     config.read_timeout = Some(Duration::from_secs(5));
-    Client::try_from(config).expect("business client")
+    config
 }
 
 /// Polls a ConfigMap through the business API every 200 ms (a quorum read
