@@ -730,6 +730,126 @@ pub async fn fetch(
 mod tests {
     use super::*;
 
+    use crate::render::etcd::Peer;
+    use crate::render::etcd::{ClusterState, MemberPod, member_pod};
+
+    fn member(index: usize) -> Pod {
+        let c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        let n = Names::new(&c, "cluster.local");
+        let initial: Vec<Peer> = (0..3)
+            .map(|i| {
+                let name = n.etcd_member(i);
+                Peer {
+                    peer_url: n.etcd_peer_url(&name),
+                    name,
+                }
+            })
+            .collect();
+        member_pod(
+            &c,
+            &n,
+            &MemberPod {
+                index,
+                initial_cluster: &initial,
+                state: ClusterState::New,
+                version: "3.6.16",
+                image: "registry.k8s.io/etcd:3.6.16-0",
+                config_hash: "abc",
+            },
+        )
+    }
+
+    #[test]
+    fn a_restoring_member_downloads_then_restores_as_itself_before_etcd_starts() {
+        let pod = member(1);
+        let flags = restore_flags(&pod);
+        let s3: S3Destination = serde_json::from_value(json!({
+            "endpoint": "https://s3.example.com",
+            "bucket": "etcd",
+            "prefix": "team-a/prod",
+            "credentialsSecret": "s3",
+            "caSecret": "s3-ca",
+        }))
+        .expect("s3");
+        let status = RestoreStatus {
+            snapshot: "20261127T120500Z-r12".into(),
+            sha256: "ab".repeat(32),
+            revision: 12,
+            identity_restored: true,
+            data_restored: false,
+            cause: None,
+        };
+        let pod = with_restore(pod, &s3, &status, "example.test/kok:1", flags);
+        let spec = pod.spec.expect("spec");
+        let init = spec.init_containers.expect("init containers");
+        assert_eq!(
+            init.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["fetch-snapshot", "restore-snapshot"]
+        );
+        let fetch = &init[0];
+        assert_eq!(fetch.image.as_deref(), Some("example.test/kok:1"));
+        let args = fetch.args.clone().expect("args");
+        for wanted in [
+            "restore-snapshot",
+            "--bucket=etcd",
+            "--prefix=team-a/prod",
+            "--snapshot=20261127T120500Z-r12",
+            &format!("--sha256={}", "ab".repeat(32)),
+            "--clear-data-dir=/var/lib/etcd/data",
+            &format!("--ca-file={CA_DIR}/ca.crt"),
+        ] {
+            assert!(args.iter().any(|a| a == wanted), "{wanted}: {args:?}");
+        }
+        // The keys come from the Secret, never from the Pod's spec.
+        let env = fetch.env.clone().expect("env");
+        assert!(env.iter().all(|e| e.value.is_none()));
+        assert!(env.iter().all(|e| {
+            e.value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+                .is_some_and(|r| r.name == "s3")
+        }));
+        let restore = init[1].command.clone().expect("command");
+        assert_eq!(
+            init[1].image.as_deref(),
+            Some("registry.k8s.io/etcd:3.6.16-0")
+        );
+        assert_eq!(restore[..3], ["etcdutl", "snapshot", "restore"]);
+        for wanted in [
+            "--data-dir=/var/lib/etcd/data",
+            "--name=prod-east-etcd-1",
+            "--initial-advertise-peer-urls=https://prod-east-etcd-1.clusters.svc.cluster.local:2380",
+            "--initial-cluster-token=clusters-prod-east",
+            "--mark-compacted",
+        ] {
+            assert!(restore.iter().any(|a| a == wanted), "{wanted}: {restore:?}");
+        }
+        assert!(
+            restore
+                .iter()
+                .any(|a| a.starts_with("--initial-cluster=prod-east-etcd-0="))
+        );
+        // Both see the member's data; the CA only where it is needed.
+        let mounts = |c: &Container| -> Vec<String> {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| m.name.clone())
+                .collect()
+        };
+        assert_eq!(mounts(&init[0]), ["data", "restore", "restore-ca"]);
+        assert_eq!(mounts(&init[1]), ["data", "restore"]);
+        let volumes: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert!(volumes.contains(&"restore") && volumes.contains(&"restore-ca"));
+    }
+
     #[test]
     fn minor_versions_are_read_with_or_without_the_v() {
         assert_eq!(minor("v1.35.4"), Some(35));
