@@ -7,6 +7,7 @@ pub mod etcd;
 #[cfg(test)]
 mod golden;
 pub mod kubeconfig;
+pub mod restore;
 
 use std::collections::BTreeMap;
 

@@ -1174,10 +1174,10 @@ impl Act<'_> {
         };
         // The first bootstrap of a Cluster started from a snapshot: each
         // member starts on the snapshot's data.
-        let pod = match crate::backup::restore::pending(self.cluster) {
+        let pod = match crate::render::restore::pending(self.cluster) {
             Some((s3, status)) if state == ClusterState::New => {
-                let flags = crate::backup::restore::restore_flags(&pod);
-                crate::backup::restore::with_restore(
+                let flags = crate::render::restore::restore_flags(&pod);
+                crate::render::restore::with_restore(
                     pod,
                     &s3,
                     status,
