@@ -764,6 +764,21 @@ async fn quorum_lost(
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .map(ResourceExt::name_any)
         .collect();
+    let had: Vec<&str> = status
+        .etcd_members
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
+    // More members reported than wanted: a scale-down is removing some,
+    // their claims on purpose.
+    if had.len() > cluster.spec.mode.replicas() as usize {
+        return Ok(None);
+    }
+    // Every reported member with a live Pod: nothing lost (a claim in use
+    // is not deleted while its Pod runs), and no claim list on this pass.
+    if had.iter().all(|m| member_pods.iter().any(|p| p == m)) {
+        return Ok(None);
+    }
     let claims: Vec<String> = if storage.claim_template.is_some() {
         let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
             Api::namespaced(ctx.client.clone(), &names.namespace);
@@ -776,16 +791,6 @@ async fn quorum_lost(
     } else {
         Vec::new()
     };
-    let had: Vec<&str> = status
-        .etcd_members
-        .iter()
-        .map(|m| m.name.as_str())
-        .collect();
-    // More members reported than wanted: a scale-down is removing some,
-    // their claims on purpose.
-    if had.len() > cluster.spec.mode.replicas() as usize {
-        return Ok(None);
-    }
     let lost = had
         .iter()
         .filter(|m| {

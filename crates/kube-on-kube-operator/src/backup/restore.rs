@@ -108,7 +108,7 @@ struct Said<'a> {
     action: &'a str,
 }
 
-/// Write the condition (and `restore`, when given) and publish the Event.
+/// Publish the Event, then write the condition (and `restore`, when given).
 async fn say(
     ctx: &Context,
     cluster: &Cluster,
@@ -117,26 +117,17 @@ async fn say(
     said: Said<'_>,
     message: String,
 ) -> Result<(), Error> {
-    write(
-        ctx,
-        cluster,
-        names,
-        restore,
-        said.ok,
-        said.reason,
-        message.clone(),
-    )
-    .await?;
+    // The Event first: whoever sees the condition finds the Event too.
     publish(
         ctx,
         cluster,
         said.event,
         said.event_reason,
         said.action,
-        message,
+        message.clone(),
     )
     .await;
-    Ok(())
+    write(ctx, cluster, names, restore, said.ok, said.reason, message).await
 }
 
 /// For a Cluster that restores and has no identity yet: write it from the
