@@ -338,6 +338,7 @@ impl<'a> Driver<'a> {
                 recorded: self.recorded.as_ref(),
                 data_outlives_pod: true,
                 leader: None,
+                from_snapshot: false,
             });
             match &step {
                 Step::Done => {

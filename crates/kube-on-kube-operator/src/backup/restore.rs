@@ -5,12 +5,14 @@
 //! Kubernetes minor than the Cluster's, opens its sealed identity with the
 //! user's key and writes the CA and service-account Secrets from it, as the
 //! PKI step would have made them; the PKI step then finds and records them,
-//! and issues every leaf certificate from them. Each etcd member of the
-//! first bootstrap then starts on the snapshot's data: two init containers,
-//! the operator's image downloading the snapshot (its size and sha256
-//! checked) and etcd's image running `etcdutl snapshot restore` with the
-//! member's name and the bootstrap's `--initial-cluster` (etcd's own
-//! procedure for restoring a cluster). [`finish`] records when every member
+//! and issues every leaf certificate from them. The first etcd member then
+//! bootstraps alone on the snapshot's data: two init containers, the
+//! operator's image downloading the snapshot (its size and sha256 checked)
+//! and etcd's image running `etcdutl snapshot restore` with the member's
+//! name and a one-member `--initial-cluster`. The others join it as
+//! learners on empty data, one at a time, and are promoted once they have
+//! caught up (the etcd step's membership planner), so no member's data is
+//! ever made apart from the cluster's. [`finish`] records when every member
 //! serves. A failure at any point leaves a `Restored=False` reason and
 //! creates nothing else: no member ever starts on an empty database in its
 //! place.

@@ -198,6 +198,11 @@ pub struct Observed<'a> {
     pub data_outlives_pod: bool,
     /// The member ID the members that answered follow as their leader.
     pub leader: Option<u64>,
+    /// The members start from a snapshot (a restore, or a rebuild after the
+    /// quorum was lost): only the first bootstraps, on the snapshot's data;
+    /// the others join it as learners on empty data and copy it from the
+    /// leader, so no member's data is made apart from the cluster's.
+    pub from_snapshot: bool,
 }
 
 fn wait(reason: impl Into<String>) -> Step {
@@ -218,9 +223,19 @@ fn wanted(o: &Observed<'_>) -> usize {
     o.desired.min(o.slots.len())
 }
 
+/// How many members the bootstrap starts: every wanted one, or only the
+/// first when it starts from a snapshot.
+fn bootstrapped(o: &Observed<'_>) -> usize {
+    if o.from_snapshot {
+        wanted(o).min(1)
+    } else {
+        wanted(o)
+    }
+}
+
 fn bootstrap(o: &Observed<'_>) -> Step {
     Step::Bootstrap {
-        initial_cluster: o.slots[..wanted(o)]
+        initial_cluster: o.slots[..bootstrapped(o)]
             .iter()
             .map(|s| Peer {
                 name: s.name.clone(),
@@ -240,7 +255,7 @@ fn plan_unreachable(o: &Observed<'_>) -> Step {
     // A bootstrap interrupted half-way has no quorum yet; only the record
     // tells it apart from a cluster that lost its members.
     if nothing_exists || matches!(o.recorded, Some(Step::Bootstrap { .. })) {
-        if o.slots[..wanted(o)]
+        if o.slots[..bootstrapped(o)]
             .iter()
             .any(|s| s.pod == PodState::Absent && s.claim != ClaimState::Terminating)
         {

@@ -616,6 +616,7 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
         recorded: recorded.as_ref(),
         data_outlives_pod: uses_claims || on_host_path,
         leader: answers.as_ref().and_then(leader),
+        from_snapshot: crate::render::restore::pending(cluster).is_some(),
     });
     tracing::debug!(step = ?step, "etcd plan");
 
@@ -1000,12 +1001,20 @@ impl Act<'_> {
                     }
                 }
                 if !created.is_empty() {
-                    self.event(
-                        "EtcdBootstrapped",
-                        "CreateEtcd",
-                        format!("started {} as a new etcd cluster", created.join(", ")),
-                    )
-                    .await;
+                    let note = match crate::render::restore::pending(self.cluster) {
+                        Some((_, restore)) if self.desired > created.len() => format!(
+                            "started {} as a new etcd cluster on snapshot {}; the other members join it as learners",
+                            created.join(", "),
+                            restore.snapshot
+                        ),
+                        Some((_, restore)) => format!(
+                            "started {} as a new etcd cluster on snapshot {}",
+                            created.join(", "),
+                            restore.snapshot
+                        ),
+                        None => format!("started {} as a new etcd cluster", created.join(", ")),
+                    };
+                    self.event("EtcdBootstrapped", "CreateEtcd", note).await;
                 }
             }
             Step::StartMember {

@@ -76,6 +76,7 @@ fn plan_for(
         recorded,
         data_outlives_pod: true,
         leader: None,
+        from_snapshot: false,
     })
 }
 
@@ -485,6 +486,8 @@ struct World {
     durable: bool,
     /// Pod (re)starts of members that kept their ID, to count restarts.
     restarts: usize,
+    /// The members start from a snapshot.
+    from_snapshot: bool,
 }
 
 impl World {
@@ -502,6 +505,7 @@ impl World {
             leader: None,
             durable: true,
             restarts: 0,
+            from_snapshot: false,
         }
     }
 
@@ -544,6 +548,7 @@ impl World {
             recorded: self.recorded.as_ref(),
             data_outlives_pod: self.durable,
             leader: self.leader,
+            from_snapshot: self.from_snapshot,
         })
     }
 
@@ -752,6 +757,58 @@ fn bootstrap_converges() {
     }
 }
 
+/// From a snapshot, one member bootstraps on its data and the others join
+/// it as learners, one at a time: never two members restored apart.
+#[test]
+fn a_bootstrap_from_a_snapshot_starts_one_member_and_adds_the_others_as_learners() {
+    let mut w = World::empty();
+    w.from_snapshot = true;
+    let steps = w.converge(3);
+    assert_eq!(
+        kinds(&steps),
+        [
+            "bootstrap",
+            "add",
+            "start",
+            "promote",
+            "add",
+            "start",
+            "promote"
+        ]
+    );
+    let Step::Bootstrap { initial_cluster } = &steps[0] else {
+        panic!("{steps:?}")
+    };
+    assert_eq!(
+        initial_cluster
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>(),
+        ["c-etcd-0"]
+    );
+    // A single member restores as it always did.
+    let mut w = World::empty();
+    w.from_snapshot = true;
+    assert_eq!(kinds(&w.converge(1)), ["bootstrap"]);
+}
+
+/// The bootstrapping member's Pod lost before it ever answered (the
+/// operator or its node restarted mid-restore): it is started again from
+/// the snapshot, alone; the others still wait for it.
+#[test]
+fn a_bootstrap_from_a_snapshot_interrupted_starts_the_first_member_again() {
+    let mut w = World::empty();
+    w.from_snapshot = true;
+    let first = w.plan(3);
+    w.recorded = Some(first.clone());
+    // Its Pod was made and is gone; its claim is there, half-filled.
+    w.claims[0] = ClaimState::Present;
+    assert_eq!(w.plan(3), first);
+    // Its Pod is back and starting: nothing else happens until it serves.
+    w.pods[0] = NotReady;
+    assert!(is_wait(&w.plan(3), "bootstrapping"), "{:?}", w.plan(3));
+}
+
 #[test]
 fn pod_and_claim_deleted_replace_sequence() {
     let mut w = World::healthy(3);
@@ -829,6 +886,7 @@ fn quorum_protection_blocks_until_a_voter_recovers() {
         recorded: None,
         data_outlives_pod: true,
         leader: None,
+        from_snapshot: false,
     });
     assert!(is_wait(&step, "quorum"), "{step:?}");
     w.pods[2] = Ready;
@@ -1045,6 +1103,7 @@ fn a_member_failing_right_after_a_version_roll_is_not_replaced() {
             recorded: None,
             data_outlives_pod,
             leader: None,
+            from_snapshot: false,
         })
     };
     let observe = |rolled: bool, outdated: bool| {
