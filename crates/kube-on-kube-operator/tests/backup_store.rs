@@ -170,7 +170,7 @@ async fn a_snapshot_streams_from_etcd_into_the_bucket_and_back() {
 
     let now = OffsetDateTime::now_utc();
     let started = Instant::now();
-    let first = backup::take(&member.client, &store, Some("v1.35.4"), None, now)
+    let first = backup::take(&member.client, &store, Some("v1.35.4"), None, None, now)
         .await
         .unwrap();
     let took = started.elapsed();
@@ -197,7 +197,7 @@ async fn a_snapshot_streams_from_etcd_into_the_bucket_and_back() {
     // A later one, after another write.
     member.put("/registry/after", b"x").await;
     let later = now + time::Duration::minutes(10);
-    let second = backup::take(&member.client, &store, None, None, later)
+    let second = backup::take(&member.client, &store, None, None, None, later)
         .await
         .unwrap();
     assert_eq!(second.etcd_revision, first.etcd_revision + 1);
@@ -264,7 +264,7 @@ async fn refused_unreachable_and_untrusted_storage_fail_clearly_and_delete_nothi
     let store = SnapshotStore::new(&store_config(&s3)).unwrap();
     member.put("/registry/a", b"1").await;
     let now = OffsetDateTime::now_utc();
-    let good = backup::take(&member.client, &store, None, None, now)
+    let good = backup::take(&member.client, &store, None, None, None, now)
         .await
         .unwrap();
     let before = stored_objects(&s3);
@@ -275,7 +275,7 @@ async fn refused_unreachable_and_untrusted_storage_fail_clearly_and_delete_nothi
     wrong.secret_access_key = "not-the-secret".into();
     let wrong = SnapshotStore::new(&wrong).unwrap();
     let asked = Instant::now();
-    let e = backup::take(&member.client, &wrong, None, None, later)
+    let e = backup::take(&member.client, &wrong, None, None, None, later)
         .await
         .unwrap_err();
     assert!(
@@ -306,7 +306,7 @@ async fn refused_unreachable_and_untrusted_storage_fail_clearly_and_delete_nothi
     nowhere.retry_timeout = Duration::from_secs(5);
     let nowhere = SnapshotStore::new(&nowhere).unwrap();
     let asked = Instant::now();
-    let e = backup::take(&member.client, &nowhere, None, None, later)
+    let e = backup::take(&member.client, &nowhere, None, None, None, later)
         .await
         .unwrap_err();
     assert!(
@@ -337,7 +337,7 @@ async fn refused_unreachable_and_untrusted_storage_fail_clearly_and_delete_nothi
     let mut gone = start_member().await;
     let gone_url = gone.etcd.client_url.clone();
     gone.etcd.child.kill().await.unwrap();
-    let e = backup::take(&gone.client, &store, None, None, later)
+    let e = backup::take(&gone.client, &store, None, None, None, later)
         .await
         .unwrap_err();
     assert!(matches!(e, BackupError::NoHealthyMember { .. }), "{e:?}");
@@ -354,7 +354,7 @@ async fn a_broken_upload_is_never_listed_and_a_damaged_object_is_refused() {
     let store = SnapshotStore::new(&store_config(&s3)).unwrap();
     member.put("/registry/a", &noise(300_000, 7)).await;
     let now = OffsetDateTime::now_utc();
-    let good = backup::take(&member.client, &store, None, None, now)
+    let good = backup::take(&member.client, &store, None, None, None, now)
         .await
         .unwrap();
     let before = stored_objects(&s3);
@@ -369,6 +369,7 @@ async fn a_broken_upload_is_never_listed_and_a_damaged_object_is_refused() {
         taken_at: manifest::rfc3339(now),
         member: member.etcd.client_url.clone(),
         pki: None,
+        request: None,
     };
     let broken = futures::stream::iter(vec![
         Ok(Bytes::from(noise(100_000, 3))),
@@ -449,7 +450,7 @@ async fn a_manifest_that_does_not_parse_is_not_listed() {
     let s3 = S3Server::start(&S3Options::default()).unwrap();
     let store = SnapshotStore::new(&store_config(&s3)).unwrap();
     let now = OffsetDateTime::now_utc();
-    let good: Manifest = backup::take(&member.client, &store, None, None, now)
+    let good: Manifest = backup::take(&member.client, &store, None, None, None, now)
         .await
         .unwrap();
     let path = s3.object_path(s3.bucket(), &format!("{PREFIX}/{}", good.manifest_object()));
@@ -475,7 +476,7 @@ async fn a_follower_gives_the_snapshot_and_none_is_taken_without_quorum() {
 
     let s3 = S3Server::start(&S3Options::default()).unwrap();
     let store = SnapshotStore::new(&store_config(&s3)).unwrap();
-    let taken = backup::take(&client, &store, None, None, OffsetDateTime::now_utc())
+    let taken = backup::take(&client, &store, None, None, None, OffsetDateTime::now_utc())
         .await
         .unwrap();
     let status = client.status(&taken.member).await.unwrap();
@@ -498,7 +499,7 @@ async fn a_follower_gives_the_snapshot_and_none_is_taken_without_quorum() {
         matches!(client.healthy(&kept).await, Ok(false)).then_some(())
     })
     .await;
-    let e = backup::take(&client, &store, None, None, OffsetDateTime::now_utc())
+    let e = backup::take(&client, &store, None, None, None, OffsetDateTime::now_utc())
         .await
         .unwrap_err();
     assert!(matches!(e, BackupError::NoHealthyMember { .. }), "{e:?}");

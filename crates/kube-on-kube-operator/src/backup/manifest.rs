@@ -65,6 +65,11 @@ pub struct Manifest {
     /// The Cluster's sealed identity stored beside it, when it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pki: Option<PkiObject>,
+    /// The request (the `kubeonkube.io/backup-requested` annotation's value)
+    /// it was taken for, when it was: a restarted operator finds the answer
+    /// here instead of taking a second snapshot for the same request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// The sealed PKI bundle of a snapshot.
@@ -189,6 +194,31 @@ pub fn complete(listed: &[Listed]) -> Vec<(String, u64)> {
     names
 }
 
+/// Objects of snapshots that never got their manifest, named before
+/// `newest` (the snapshot just stored): what an upload cut short by the
+/// process dying left behind. Uploads run one at a time per target, so none
+/// of them is still being written. Objects of other names are not ours and
+/// are left alone.
+pub fn abandoned(listed: &[Listed], newest: &str) -> Vec<String> {
+    let manifests: std::collections::HashSet<&str> = listed
+        .iter()
+        .filter_map(|o| o.name.strip_suffix(MANIFEST_SUFFIX))
+        .collect();
+    let mut names: Vec<String> = listed
+        .iter()
+        .filter(|o| {
+            [DATA_SUFFIX, PKI_SUFFIX].iter().any(|suffix| {
+                o.name.strip_suffix(suffix).is_some_and(|name| {
+                    is_snapshot_name(name) && name < newest && !manifests.contains(name)
+                })
+            })
+        })
+        .map(|o| o.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +240,7 @@ mod tests {
             taken_at: "2026-11-27T12:05:00Z".into(),
             member: "https://c-etcd-0.ns.svc:2379".into(),
             pki: None,
+            request: None,
         }
     }
 
@@ -260,6 +291,27 @@ mod tests {
             ]
         );
         assert!(complete(&[]).is_empty());
+        // Cut short before the newest: removed once a later one is stored;
+        // nothing else is.
+        assert_eq!(
+            abandoned(&objects, "20261127T140000Z-r30"),
+            ["20261127T130000Z-r20.db"]
+        );
+        let with_pki = [
+            objects.clone(),
+            vec![
+                listed("20261127T130000Z-r20.pki", 9),
+                listed("20261127T120000Z-r10.pki", 9),
+                // Being written now, by name after the newest: not touched.
+                listed("20261127T160000Z-r50.db", 9),
+            ],
+        ]
+        .concat();
+        assert_eq!(
+            abandoned(&with_pki, "20261127T150500Z-r45"),
+            ["20261127T130000Z-r20.db", "20261127T130000Z-r20.pki"]
+        );
+        assert!(abandoned(&objects, "20261127T120000Z-r10").is_empty());
     }
 
     #[test]

@@ -116,13 +116,15 @@ pub fn choose_member(candidates: &[Candidate]) -> Result<usize, Vec<(String, Str
 /// Takes a snapshot of the etcd cluster `etcd` reaches from a member
 /// [`choose_member`] picks and stores it in `store`, named for `now` and the
 /// member's revision, with `pki` (the Cluster's identity and the key to
-/// seal it with) sealed beside it. The whole database passes through in
+/// seal it with) sealed beside it, and `request` (the request it answers)
+/// in its manifest. The whole database passes through in
 /// pieces; nothing holds more than a couple of upload parts.
 pub async fn take(
     etcd: &EtcdClient,
     store: &SnapshotStore,
     kubernetes_version: Option<&str>,
     pki: Option<(&pki::Bundle, &pki::Key)>,
+    request: Option<&str>,
     now: OffsetDateTime,
 ) -> Result<Manifest, BackupError> {
     // All at once: a member that does not answer costs one timeout, not one
@@ -154,6 +156,7 @@ pub async fn take(
         taken_at: manifest::rfc3339(now),
         member: member.endpoint.clone(),
         pki: sealed,
+        request: request.map(str::to_owned),
     };
     let data = snapshot::stream(etcd, &member.endpoint, SNAPSHOT_IDLE)
         .await

@@ -348,14 +348,23 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 
     let started = std::time::Instant::now();
     state.last_attempt = Some(Time(now));
-    let outcome =
-        match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(&ctx, &cluster, &names, spec)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(Failure::new(
-                "BackupTimeout",
-                format!("the snapshot took longer than {ATTEMPT_TIMEOUT:?}"),
-            )),
-        };
+    let answers = Answers {
+        request: asked.as_deref(),
+        due: if asked.is_none() { due } else { None },
+        last: state.last_snapshot.as_ref().map(|s| s.name.as_str()),
+    };
+    let outcome = match tokio::time::timeout(
+        ATTEMPT_TIMEOUT,
+        attempt(&ctx, &cluster, &names, spec, &answers),
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Failure::new(
+            "BackupTimeout",
+            format!("the snapshot took longer than {ATTEMPT_TIMEOUT:?}"),
+        )),
+    };
     let took = started.elapsed();
     if let Some(asked) = asked {
         state.last_request = Some(asked);
@@ -594,13 +603,43 @@ pub(super) async fn read_key(secrets: &Api<Secret>, name: &str) -> Result<pki::K
     })
 }
 
-/// Take a snapshot of `cluster`'s etcd into its storage, then apply
-/// retention.
+/// What one attempt answers: a request, or the schedule.
+struct Answers<'a> {
+    /// The request annotation's value not answered yet.
+    request: Option<&'a str>,
+    /// When the scheduled snapshot came due (none for a request).
+    due: Option<Timestamp>,
+    /// The last snapshot the status records.
+    last: Option<&'a str>,
+}
+
+/// A snapshot already stored that answers this attempt: one taken for its
+/// request or, for the schedule, one taken once it came due and after the
+/// last one the status records. It is there when the operator stopped
+/// after storing a snapshot and before recording it; taking another would
+/// store the same snapshot twice.
+fn stored_answer<'m>(listed: &'m [Manifest], answers: &Answers<'_>) -> Option<&'m Manifest> {
+    if let Some(request) = answers.request {
+        return listed
+            .iter()
+            .find(|m| m.request.as_deref() == Some(request));
+    }
+    let due = answers.due?;
+    let newest = listed.first()?;
+    let taken_at: Timestamp = newest.taken_at.parse().ok()?;
+    (taken_at >= due && answers.last.is_none_or(|last| newest.name.as_str() > last))
+        .then_some(newest)
+}
+
+/// Take a snapshot of `cluster`'s etcd into its storage (unless one stored
+/// already answers, see [`stored_answer`]), remove what uploads cut short
+/// left, then apply retention.
 async fn attempt(
     ctx: &Context,
     cluster: &Cluster,
     names: &Names,
     spec: &EtcdBackup,
+    answers: &Answers<'_>,
 ) -> Result<Taken, Failure> {
     let config = store_config(ctx, names, &spec.s3).await?;
     let store = SnapshotStore::new(&config)
@@ -626,15 +665,26 @@ async fn attempt(
     let etcd = EtcdClient::from_secret(endpoints, &secret, ETCD_TIMEOUT)
         .map_err(|e| Failure::new("BackupFailed", format!("etcd client: {e}")))?;
     let (bundle, key) = identity(&secrets, names, spec).await?;
-    let manifest = super::take(
-        &etcd,
-        &store,
-        Some(&cluster.spec.version),
-        Some((&bundle, &key)),
-        OffsetDateTime::now_utc(),
-    )
-    .await
-    .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+    let stored = store
+        .list()
+        .await
+        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+    let manifest = match stored_answer(&stored, answers) {
+        Some(m) => {
+            tracing::info!(snapshot = %m.name, "a snapshot stored before answers this attempt; none taken");
+            m.clone()
+        }
+        None => super::take(
+            &etcd,
+            &store,
+            Some(&cluster.spec.version),
+            Some((&bundle, &key)),
+            answers.request,
+            OffsetDateTime::now_utc(),
+        )
+        .await
+        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?,
+    };
     let retention = &spec.retention;
     let max_age = retention
         .max_age
@@ -646,6 +696,16 @@ async fn attempt(
         deleted: 0,
         retention_error: None,
     };
+    match store.remove_abandoned(&taken.manifest.name).await {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(objects = ?removed, "removed what uploads cut short left");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            taken.retention_error = Some(e);
+            return Ok(taken);
+        }
+    }
     let listed = match store.list().await {
         Ok(listed) => listed,
         Err(e) => {
@@ -695,7 +755,54 @@ mod tests {
             taken_at: taken_at.into(),
             member: "https://m0:2379".into(),
             pki: None,
+            request: None,
         }
+    }
+
+    /// A snapshot stored just before the operator stopped (its status never
+    /// written) answers the attempt after the restart: no second one.
+    #[test]
+    fn a_snapshot_stored_before_a_restart_answers_the_same_request_or_due_time() {
+        let older = manifest("2026-11-27T10:00:00Z");
+        let newest = Manifest {
+            request: Some("r1".into()),
+            ..manifest("2026-11-27T11:00:05Z")
+        };
+        let listed = [newest.clone(), older.clone()];
+        let answers = |request, due: Option<&str>, last| Answers {
+            request,
+            due: due.map(ts),
+            last,
+        };
+        // The same request: answered by the one taken for it.
+        let a = answers(Some("r1"), None, Some(older.name.as_str()));
+        assert_eq!(stored_answer(&listed, &a), Some(&newest));
+        // Another request: a new snapshot.
+        let a = answers(Some("r2"), None, Some(newest.name.as_str()));
+        assert_eq!(stored_answer(&listed, &a), None);
+        // The schedule, due at 11:00, the status still at 10:00: answered.
+        let a = answers(
+            None,
+            Some("2026-11-27T11:00:00Z"),
+            Some(older.name.as_str()),
+        );
+        assert_eq!(stored_answer(&listed, &a), Some(&newest));
+        // Due after the newest was taken, or the status already records it:
+        // a new snapshot.
+        let a = answers(
+            None,
+            Some("2026-11-27T12:00:00Z"),
+            Some(older.name.as_str()),
+        );
+        assert_eq!(stored_answer(&listed, &a), None);
+        let a = answers(
+            None,
+            Some("2026-11-27T11:00:00Z"),
+            Some(newest.name.as_str()),
+        );
+        assert_eq!(stored_answer(&listed, &a), None);
+        // Nothing stored yet.
+        assert_eq!(stored_answer(&[], &answers(Some("r1"), None, None)), None);
     }
 
     fn every(s: &str) -> BackupSchedule {

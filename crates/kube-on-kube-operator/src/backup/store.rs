@@ -277,6 +277,8 @@ pub struct SnapshotInfo {
     /// The Cluster's identity, sealed ([`super::pki::seal`]), and the id
     /// of the key it is sealed with; stored beside the data.
     pub pki: Option<(Vec<u8>, String)>,
+    /// The request it is taken for (see [`Manifest::request`]).
+    pub request: Option<String>,
 }
 
 /// The snapshots of one target: a bucket and a prefix.
@@ -447,6 +449,7 @@ impl SnapshotStore {
             taken_at: info.taken_at.clone(),
             member: info.member.clone(),
             pki,
+            request: info.request.clone(),
         };
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| StoreError::Manifest {
             key: self.shown(&manifest_key),
@@ -571,28 +574,7 @@ impl SnapshotStore {
     /// out (and logged): it does not describe a snapshot that can be
     /// restored.
     pub async fn list(&self) -> Result<Vec<Manifest>, StoreError> {
-        let where_ = match &self.prefix {
-            Some(p) => format!("{}/{p}/", self.bucket),
-            None => format!("{}/", self.bucket),
-        };
-        let listed = match self.store.list_with_delimiter(self.prefix.as_ref()).await {
-            Ok(listed) => listed,
-            Err(e) => {
-                return Err(self
-                    .classify_list_error(format!("listing {where_}"), e)
-                    .await);
-            }
-        };
-        let objects: Vec<Listed> = listed
-            .objects
-            .iter()
-            .filter_map(|o| {
-                Some(Listed {
-                    name: o.location.filename()?.to_string(),
-                    size: o.size,
-                })
-            })
-            .collect();
+        let objects = self.objects().await?;
         let mut manifests = Vec::new();
         for (name, size) in manifest::complete(&objects) {
             match self.manifest(&name).await {
@@ -631,6 +613,51 @@ impl SnapshotStore {
             }
         }
         Ok(())
+    }
+
+    /// The objects directly under the prefix.
+    async fn objects(&self) -> Result<Vec<Listed>, StoreError> {
+        let where_ = match &self.prefix {
+            Some(p) => format!("{}/{p}/", self.bucket),
+            None => format!("{}/", self.bucket),
+        };
+        let listed = match self.store.list_with_delimiter(self.prefix.as_ref()).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                return Err(self
+                    .classify_list_error(format!("listing {where_}"), e)
+                    .await);
+            }
+        };
+        Ok(listed
+            .objects
+            .iter()
+            .filter_map(|o| {
+                Some(Listed {
+                    name: o.location.filename()?.to_string(),
+                    size: o.size,
+                })
+            })
+            .collect())
+    }
+
+    /// Deletes the objects of snapshots cut short before `newest` (see
+    /// [`manifest::abandoned`]); returns their names.
+    pub async fn remove_abandoned(&self, newest: &str) -> Result<Vec<String>, StoreError> {
+        let abandoned = manifest::abandoned(&self.objects().await?, newest);
+        for object in &abandoned {
+            let key = self.key(object);
+            match self.store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    return Err(StoreError::from_storage(
+                        format!("deleting {}", self.shown(&key)),
+                        e,
+                    ));
+                }
+            }
+        }
+        Ok(abandoned)
     }
 
     /// object_store reports a refused listing as a generic error with the
