@@ -34,7 +34,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::pods::PodRunner;
 use kok_testenv::s3::{S3Options, S3Server};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kok_testenv::wait::wait_for;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{BACKUP_REQUEST_ANNOTATION, ClusterMode};
@@ -161,6 +162,37 @@ async fn ask(clusters: &Api<Cluster>, name: &str, token: &str) -> Cluster {
         |c| backup_status(c)["lastRequest"] == token,
     )
     .await
+}
+
+/// Whether any file lies under `dir` (its subdirectories included).
+fn files_under(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                files_under(&path)
+            } else {
+                true
+            }
+        })
+}
+
+/// Kill the operator's Pod at once (no grace: whatever it was doing is cut
+/// short) and wait until it is gone.
+async fn kill_operator(client: &Client, ns: &str) {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    pods.delete("operator", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("kill the operator");
+    wait_for(
+        "the operator pod to be gone",
+        Duration::from_secs(60),
+        async || pods.get_opt("operator").await.ok()?.is_none().then_some(()),
+    )
+    .await;
 }
 
 async fn set_backup(clusters: &Api<Cluster>, name: &str, backup: Value) {
@@ -794,12 +826,93 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         .await;
     assert!(failed.is_empty(), "{failed:?}");
     println!("1,000 objects written in {:?}", started.elapsed());
-    let c = ask(&clusters, name, "before-loss").await;
+    // Some bulk, so the snapshot's upload takes several parts.
+    let bulk = "x".repeat(900 * 1024);
+    for n in 0..24 {
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("bulk-{n}")},
+            "data": {"x": bulk},
+        }))
+        .expect("configmap");
+        maps.create(&PostParams::default(), &map)
+            .await
+            .expect("bulk");
+    }
+
+    // The operator killed while it uploads the snapshot asked for; started
+    // again, it answers the request with one whole snapshot and leaves
+    // nothing of the cut upload.
+    let operator_args = [
+        format!("--backup-endpoints={}", s3.endpoint()),
+        "--operator-image=kube-on-kube-operator".into(),
+    ];
+    let prefix = format!("{ns}/{name}");
+    let snapshots = store(&s3, &prefix);
+    let before = stored(&snapshots).await;
+    clusters
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {BACKUP_REQUEST_ANNOTATION: "mid-snapshot"}}}),
+            ),
+        )
+        .await
+        .expect("ask for a snapshot");
+    let uploads = s3.object_path(s3.bucket(), ".sgwtmp/multipart");
+    // Looked for often: the upload lasts a fraction of a second.
+    let deadline = Instant::now() + ANSWER;
+    while !files_under(&uploads) {
+        assert!(
+            Instant::now() < deadline,
+            "no upload seen in {}",
+            uploads.display()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    kill_operator(&client, &ns).await;
+    let right_after = stored(&snapshots).await;
+    println!(
+        "operator killed mid-upload; {} snapshot(s) stored before, {} right after",
+        before.len(),
+        right_after.len()
+    );
+    start_operator_pod_with(&client, &ns, &runner.nodes()[2], &operator_args).await;
+    let c = wait_cluster(
+        &clusters,
+        name,
+        "the request answered after the restart",
+        ANSWER,
+        |c| backup_status(c)["lastRequest"] == "mid-snapshot",
+    )
+    .await;
     assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
-    let snapshot = backup_status(&c)["lastSnapshot"]["name"]
-        .as_str()
-        .expect("snapshot")
-        .to_string();
+    let after = stored(&snapshots).await;
+    let answering: Vec<&Manifest> = after
+        .iter()
+        .filter(|m| m.request.as_deref() == Some("mid-snapshot"))
+        .collect();
+    assert_eq!(
+        answering.len(),
+        1,
+        "one snapshot for the request: {after:?}"
+    );
+    assert_eq!(after.len(), before.len() + 1, "{after:?}");
+    let snapshot = answering[0].name.clone();
+    assert_eq!(backup_status(&c)["lastSnapshot"]["name"], snapshot.as_str());
+    // Every stored object belongs to a listed snapshot: no cut-short data.
+    let on_disk: Vec<String> = std::fs::read_dir(s3.object_path(s3.bucket(), &prefix))
+        .expect("prefix directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    for object in &on_disk {
+        assert!(
+            after
+                .iter()
+                .any(|m| object.starts_with(&format!("{}.", m.name))),
+            "{object} belongs to no listed snapshot: {on_disk:?}"
+        );
+    }
 
     // Every member's claim and Pod.
     let lost_at = Instant::now();
@@ -854,6 +967,19 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         )
         .await
         .expect("ask for the rebuild");
+    // The operator killed mid-restore, and the first member's Pod with it
+    // (its restore cut short): started again, the restore goes on.
+    let first = format!("{name}-etcd-0");
+    wait_for("the first member to start restoring", ANSWER, async || {
+        let pod = pods.get_opt(&first).await.ok()??;
+        pod.metadata.deletion_timestamp.is_none().then_some(())
+    })
+    .await;
+    kill_operator(&client, &ns).await;
+    pods.delete(&first, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete the restoring member");
+    start_operator_pod_with(&client, &ns, &runner.nodes()[2], &operator_args).await;
     let c = wait_cluster(
         &clusters,
         name,
@@ -882,6 +1008,45 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
             .is_empty(),
         "an Event says the quorum was lost"
     );
+    // One member started on the snapshot; the others joined it as learners
+    // on empty data and were promoted.
+    let bootstrapped = event_notes(&client, &ns, name, "EtcdBootstrapped").await;
+    assert!(
+        bootstrapped.iter().any(|n| n.contains(&format!(
+            "{first} as a new etcd cluster on snapshot {snapshot}"
+        ))),
+        "{bootstrapped:?}"
+    );
+    for i in 0..3 {
+        let member = format!("{name}-etcd-{i}");
+        let pod = pods.get(&member).await.expect("member pod");
+        let restores = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(|c| c.name == "restore-snapshot");
+        assert_eq!(
+            restores,
+            i == 0,
+            "{member} restores from the snapshot: {restores}"
+        );
+        if i > 0 {
+            let added = event_notes(&client, &ns, name, "MemberAdded").await;
+            assert!(
+                added
+                    .iter()
+                    .any(|n| n.contains(&format!("added {member} as a learner"))),
+                "{member}: {added:?}"
+            );
+            let promoted = event_notes(&client, &ns, name, "MemberPromoted").await;
+            assert!(
+                promoted
+                    .iter()
+                    .any(|n| n.contains(&format!("promoted {member} "))),
+                "{member}: {promoted:?}"
+            );
+        }
+    }
     // Through the client made before the loss (its kubeconfig was issued
     // then): every object, read until the API answers from the rebuilt etcd.
     let mut seen = BTreeSet::new();
