@@ -60,6 +60,8 @@ struct Sample {
     etcdctl_s: f64,
     restore_s: f64,
     rebuild_s: f64,
+    /// etcd revisions between the snapshot and the loss: the writes lost.
+    revisions_lost: u64,
 }
 
 /// Runs the benchmark and prints (and optionally appends) the table.
@@ -365,7 +367,15 @@ async fn one(
     readable(client, ns, &restored, objects, args.timeout).await?;
     let restore_s = started.elapsed().as_secs_f64();
 
-    // Lose every member of the first, then rebuild it.
+    // Lose every member of the first, then rebuild it. The revision it had
+    // then, against the snapshot's, is what the rebuild loses.
+    let at_loss: u64 = maps
+        .list(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?
+        .parse()?;
     let started = Instant::now();
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -402,6 +412,7 @@ async fn one(
         etcdctl_s,
         restore_s,
         rebuild_s,
+        revisions_lost: at_loss.saturating_sub(last.revision),
     })
 }
 
@@ -445,15 +456,22 @@ async fn etcdctl_snapshot(client: &Client, ns: &str, name: &str) -> Result<f64> 
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### etcd snapshots, restores and quorum-loss rebuilds (Production, real processes, versitygw over TLS), ConfigMaps of {} bytes, one run\n\n| objects | written s | database MiB | snapshot to S3 s (request → stored) | `etcdctl snapshot save` to disk s | restore into a new Cluster s (apply → all readable) | rebuild after losing every member s (delete → all readable) |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n### etcd snapshots, restores and quorum-loss rebuilds (Production, real processes, versitygw over TLS), ConfigMaps of {} bytes, one run\n\n| objects | written s | database MiB | snapshot to S3 s (request → stored) | `etcdctl snapshot save` to disk s | restore into a new Cluster s (apply → all readable) | rebuild after losing every member s (delete → all readable) | revisions lost (snapshot → loss) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.object_bytes
     );
     for s in samples {
         #[allow(clippy::cast_precision_loss)]
         let mib = s.db_bytes as f64 / 1048576.0;
         out.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} |\n",
-            s.objects, s.write_s, mib, s.snapshot_s, s.etcdctl_s, s.restore_s, s.rebuild_s
+            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {} |\n",
+            s.objects,
+            s.write_s,
+            mib,
+            s.snapshot_s,
+            s.etcdctl_s,
+            s.restore_s,
+            s.rebuild_s,
+            s.revisions_lost
         ));
     }
     out

