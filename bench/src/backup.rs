@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
-use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
+use kok_testenv::pods::RUNNER_LABEL;
 use kok_testenv::s3::{S3Options, S3Server};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -27,8 +27,7 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{BACKUP_REQUEST_ANNOTATION, RECOVER_ANNOTATION};
 use serde_json::{Value, json};
 
-use crate::controlplane::meta_cluster;
-use crate::fleet::sibling;
+use crate::controlplane::{control_plane_runner, meta_cluster};
 
 /// Flags of `kok-bench backup`.
 #[derive(clap::Args, Debug)]
@@ -67,20 +66,9 @@ struct Sample {
 /// Runs the benchmark and prints (and optionally appends) the table.
 pub async fn run(args: Args) -> Result<()> {
     let env = meta_cluster()?;
-    let mut programs = std::collections::BTreeMap::new();
-    for name in ["kube-on-kube-operator", "node-operator"] {
-        programs.insert(name.to_string(), sibling(name)?);
-    }
-    programs.insert("etcdutl".into(), kok_testenv::s3::etcdutl()?);
-    let runner = PodRunner::start(
-        env,
-        Options {
-            nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
-            programs,
-            ..Default::default()
-        },
-    )
-    .context("start the Pod runner")?;
+    // etcd's image holds etcdutl beside etcd: a restoring member runs it.
+    let etcdutl = [("etcdutl".to_string(), kok_testenv::s3::etcdutl()?)];
+    let runner = control_plane_runner(env, etcdutl.into_iter().collect())?;
     let s3 = S3Server::start(&S3Options {
         listen: runner.gateway(),
         ..Default::default()
@@ -191,29 +179,8 @@ fn condition(c: &Cluster, type_: &str) -> Option<String> {
 /// The admin client of Cluster `name`'s business API, through one of its
 /// ready kube-apiserver Pods.
 async fn business(client: &Client, ns: &str, name: &str) -> Result<Client> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let ip = pods
-        .list(&ListParams::default().labels(&format!(
-            "kubeonkube.io/cluster={name},kubeonkube.io/component=apiserver"
-        )))
-        .await?
-        .items
-        .into_iter()
-        .find_map(|p| p.status.and_then(|s| s.pod_ip))
-        .context("no apiserver pod")?;
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get(&format!("{name}-admin-kubeconfig"))
-        .await?;
-    let text = secret
-        .data
-        .and_then(|d| d.get("kubeconfig").map(|v| v.0.clone()))
-        .context("no kubeconfig")?;
-    let kubeconfig: kube::config::Kubeconfig = serde_norway::from_slice(&text)?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    config.cluster_url = format!("https://{ip}:6443").parse()?;
-    config.tls_server_name = Some("kubernetes".into());
-    config.read_timeout = Some(Duration::from_secs(60));
-    Ok(Client::try_from(config)?)
+    let timeouts = (Duration::from_secs(10), Duration::from_secs(60));
+    crate::controlplane::business_client(client, ns, name, timeouts).await
 }
 
 /// How many `object-*` ConfigMaps the business API lists, page by page.

@@ -58,19 +58,7 @@ struct Sample {
 pub async fn run(args: Args) -> Result<()> {
     // One meta-cluster and runner for every Cluster, as a user has.
     let env = meta_cluster()?;
-    let mut programs = std::collections::BTreeMap::new();
-    for name in ["kube-on-kube-operator", "node-operator"] {
-        programs.insert(name.to_string(), sibling(name)?);
-    }
-    let _runner = PodRunner::start(
-        env,
-        Options {
-            nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
-            programs,
-            ..Default::default()
-        },
-    )
-    .context("start the Pod runner")?;
+    let _runner = control_plane_runner(env, Default::default())?;
     let client = env.client().await;
     let ns = env.namespace("bench").await;
     start_operator(&client, &ns, &args.operator_log_level).await?;
@@ -95,6 +83,27 @@ pub async fn run(args: Args) -> Result<()> {
     let table = table(&args, &samples);
     println!("{table}");
     crate::append(args.out.as_deref(), &table)
+}
+
+/// The Pod runner of `env`, with three nodes for control planes, running
+/// the operators' images as this build's binaries, and `extra` images.
+pub(crate) fn control_plane_runner(
+    env: &'static KubeEnv,
+    extra: std::collections::BTreeMap<String, PathBuf>,
+) -> Result<PodRunner> {
+    let mut programs = extra;
+    for name in ["kube-on-kube-operator", "node-operator"] {
+        programs.insert(name.to_string(), sibling(name)?);
+    }
+    PodRunner::start(
+        env,
+        Options {
+            nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
+            programs,
+            ..Default::default()
+        },
+    )
+    .context("start the Pod runner")
 }
 
 /// A meta-cluster for the Pod runner: kube-apiserver, etcd,
@@ -258,50 +267,8 @@ pub(crate) fn settled(
 /// admin kubeconfig's credentials and CA (the name checked is the one in the
 /// serving certificate, `kubernetes`).
 async fn readyz(client: &Client, ns: &str, name: &str) -> bool {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let Ok(list) = pods
-        .list(&ListParams::default().labels(&format!(
-            "kubeonkube.io/cluster={name},kubeonkube.io/component=apiserver"
-        )))
-        .await
-    else {
-        return false;
-    };
-    let Some(ip) = list
-        .items
-        .iter()
-        .find_map(|p| p.status.as_ref().and_then(|s| s.pod_ip.clone()))
-    else {
-        return false;
-    };
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let Ok(Some(secret)) = secrets.get_opt(&format!("{name}-admin-kubeconfig")).await else {
-        return false;
-    };
-    let Some(text) = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("kubeconfig"))
-        .map(|v| v.0.clone())
-    else {
-        return false;
-    };
-    let Ok(kubeconfig) = serde_norway::from_slice::<kube::config::Kubeconfig>(&text) else {
-        return false;
-    };
-    let Ok(mut config) =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await
-    else {
-        return false;
-    };
-    let Ok(url) = format!("https://{ip}:6443").parse() else {
-        return false;
-    };
-    config.cluster_url = url;
-    config.tls_server_name = Some("kubernetes".into());
-    config.connect_timeout = Some(Duration::from_secs(1));
-    config.read_timeout = Some(Duration::from_secs(2));
-    let Ok(business) = Client::try_from(config) else {
+    let timeouts = (Duration::from_secs(1), Duration::from_secs(2));
+    let Ok(business) = business_client(client, ns, name, timeouts).await else {
         return false;
     };
     let request = http::Request::get("/readyz")
@@ -311,6 +278,42 @@ async fn readyz(client: &Client, ns: &str, name: &str) -> bool {
         .request_text(request)
         .await
         .is_ok_and(|t| t.trim() == "ok")
+}
+
+/// A client of Cluster `name`'s business API, straight to one of its
+/// kube-apiserver Pods, with the admin kubeconfig's credentials and CA (the
+/// name checked is the one in the serving certificate, `kubernetes`), and
+/// the given connect and read timeouts.
+pub(crate) async fn business_client(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    (connect, read): (Duration, Duration),
+) -> Result<Client> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let ip = pods
+        .list(&ListParams::default().labels(&format!(
+            "kubeonkube.io/cluster={name},kubeonkube.io/component=apiserver"
+        )))
+        .await?
+        .items
+        .into_iter()
+        .find_map(|p| p.status.and_then(|s| s.pod_ip))
+        .context("no kube-apiserver Pod with an address")?;
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(&format!("{name}-admin-kubeconfig"))
+        .await?;
+    let text = secret
+        .data
+        .and_then(|d| d.get("kubeconfig").map(|v| v.0.clone()))
+        .context("no kubeconfig in the admin kubeconfig Secret")?;
+    let kubeconfig: kube::config::Kubeconfig = serde_norway::from_slice(&text)?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    config.cluster_url = format!("https://{ip}:6443").parse()?;
+    config.tls_server_name = Some("kubernetes".into());
+    config.connect_timeout = Some(connect);
+    config.read_timeout = Some(read);
+    Ok(Client::try_from(config)?)
 }
 
 fn table(args: &Args, samples: &[Sample]) -> String {
