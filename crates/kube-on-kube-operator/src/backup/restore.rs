@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired, Status};
 use kube::api::{Api, PostParams};
@@ -43,11 +43,12 @@ pub const MANAGER: &str = "kube-on-kube-operator-restore";
 
 /// The Secret type the PKI step gives each identity Secret.
 fn secret_type(role: &str) -> &'static str {
-    if role == "sa" {
-        "Opaque"
+    use crate::pki::authorities::Which;
+    crate::pki::secrets::authority_secret_type(if role == "sa" {
+        Which::ServiceAccount
     } else {
-        "kubernetes.io/tls"
-    }
+        Which::Cluster
+    })
 }
 
 /// The minor version of `v1.35.4` or `1.35`.
@@ -247,24 +248,13 @@ async fn identity(
                 ));
             }
             Ok(None) => {
-                let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(names.namespace.clone()),
-                        labels: Some(
-                            [(
-                                kube_on_kube_api::shared::CLUSTER_LABEL.to_string(),
-                                names.cluster.clone(),
-                            )]
-                            .into(),
-                        ),
-                        owner_references: Some(vec![crate::render::owner(cluster)]),
-                        ..Default::default()
-                    },
-                    type_: Some(secret_type(role).into()),
-                    data: Some(data),
-                    ..Default::default()
-                };
+                let secret = crate::pki::secrets::owned_secret(
+                    cluster,
+                    names,
+                    &name,
+                    secret_type(role),
+                    data,
+                );
                 secrets
                     .create(&PostParams::default(), &secret)
                     .await

@@ -85,28 +85,54 @@ fn data(secret: &Secret, key: &str) -> Option<String> {
 }
 
 fn secret(inputs: &Inputs<'_>, name: &str, type_: &str, entries: Vec<(&str, String)>) -> Secret {
+    owned_secret(
+        inputs.cluster,
+        inputs.names,
+        name,
+        type_,
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+            .collect(),
+    )
+}
+
+/// A Secret of `cluster`'s PKI named `name`: in its namespace, labelled
+/// with it and owned by it, as the PKI step writes them all.
+pub fn owned_secret(
+    cluster: &Cluster,
+    names: &Names,
+    name: &str,
+    type_: &str,
+    data: BTreeMap<String, ByteString>,
+) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
-            namespace: Some(inputs.names.namespace.clone()),
+            namespace: Some(names.namespace.clone()),
             labels: Some(
                 [(
                     kube_on_kube_api::shared::CLUSTER_LABEL.to_string(),
-                    inputs.names.cluster.clone(),
+                    names.cluster.clone(),
                 )]
                 .into(),
             ),
-            owner_references: Some(vec![owner(inputs.cluster)]),
+            owner_references: Some(vec![owner(cluster)]),
             ..Default::default()
         },
         type_: Some(type_.to_string()),
-        data: Some(
-            entries
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
-                .collect(),
-        ),
+        data: Some(data),
         ..Default::default()
+    }
+}
+
+/// The Secret type of an authority's Secret: a TLS pair, or the
+/// service-account key pair, which is no certificate.
+pub fn authority_secret_type(which: Which) -> &'static str {
+    if which == Which::ServiceAccount {
+        "Opaque"
+    } else {
+        "kubernetes.io/tls"
     }
 }
 
@@ -150,11 +176,7 @@ fn authority(
         &stored,
         inputs.replace,
     );
-    let type_ = if which == Which::ServiceAccount {
-        "Opaque"
-    } else {
-        "kubernetes.io/tls"
-    };
+    let type_ = authority_secret_type(which);
     let existing = || {
         let s = inputs.existing.get(name)?;
         Some((data(s, keys[0])?, data(s, keys[1])?))
