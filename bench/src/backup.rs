@@ -59,6 +59,8 @@ struct Sample {
     etcdctl_s: f64,
     restore_s: f64,
     rebuild_s: f64,
+    /// From the loss to every member a voter again.
+    voters_s: f64,
     /// etcd revisions between the snapshot and the loss: the writes lost.
     revisions_lost: u64,
 }
@@ -184,30 +186,30 @@ async fn business(client: &Client, ns: &str, name: &str) -> Result<Client> {
 }
 
 /// How many `object-*` ConfigMaps the business API lists, page by page.
-async fn count(business: &Client) -> Result<usize> {
+async fn count(business: &Client) -> Result<(usize, bool)> {
     let maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
     let mut n = 0;
+    let mut marker = false;
     let mut params = ListParams::default().limit(5000);
     loop {
         let page = maps.list_metadata(&params).await?;
-        n += page
-            .items
-            .iter()
-            .filter(|m| {
-                m.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|x| x.starts_with("object-"))
-            })
-            .count();
+        for name in page.items.iter().filter_map(|m| m.metadata.name.as_deref()) {
+            n += usize::from(name.starts_with("object-"));
+            marker |= name == AFTER_SNAPSHOT;
+        }
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(n),
+            _ => return Ok((n, marker)),
         }
     }
 }
 
-/// Wait until all `objects` are readable through Cluster `name`'s API.
+/// Written after the snapshot: a Cluster that serves it does not serve the
+/// snapshot's data (the lost etcd still answering, in the rebuild).
+const AFTER_SNAPSHOT: &str = "written-after-the-snapshot";
+
+/// Wait until all `objects` are readable through Cluster `name`'s API, and
+/// [`AFTER_SNAPSHOT`] is not.
 async fn readable(
     client: &Client,
     ns: &str,
@@ -219,8 +221,8 @@ async fn readable(
     loop {
         let last = match business(client, ns, name).await {
             Ok(b) => match count(&b).await {
-                Ok(n) if n == objects => return Ok(()),
-                Ok(n) => format!("{n} of {objects}"),
+                Ok((n, false)) if n == objects => return Ok(()),
+                Ok((n, marker)) => format!("{n} of {objects}, {AFTER_SNAPSHOT} there: {marker}"),
                 Err(e) => e.to_string(),
             },
             Err(e) => e.to_string(),
@@ -310,6 +312,8 @@ async fn one(
         .context("no snapshot recorded")?;
 
     let etcdctl_s = etcdctl_snapshot(client, ns, &name).await?;
+    let marker: ConfigMap = serde_json::from_value(json!({"metadata": {"name": AFTER_SNAPSHOT}}))?;
+    maps.create(&PostParams::default(), &marker).await?;
 
     // Restore into a new Cluster.
     let restored = format!("{name}-r");
@@ -334,6 +338,7 @@ async fn one(
     readable(client, ns, &restored, objects, args.timeout).await?;
     let restore_s = started.elapsed().as_secs_f64();
 
+    let lost_at = k8s_openapi::jiff::Timestamp::now();
     // Lose every member of the first, then rebuild it. The revision it had
     // then, against the snapshot's, is what the rebuild loses.
     let at_loss: u64 = maps
@@ -358,15 +363,24 @@ async fn one(
         claims.delete(&member, &Default::default()).await?;
         pods.delete(&member, &Default::default()).await?;
     }
-    wait(&clusters, &name, "the rebuild", args.timeout, |c| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.restore.as_ref())
-            .is_some_and(|r| r.data_restored && r.cause.as_deref() == Some("quorumLost"))
-    })
-    .await?;
-    readable(client, ns, &name, objects, args.timeout).await?;
-    let rebuild_s = started.elapsed().as_secs_f64();
+    // Serving again (from the rebuilt etcd), and every member back as a
+    // voter, each measured from the loss.
+    let serving = async {
+        readable(client, ns, &name, objects, args.timeout).await?;
+        anyhow::Ok(started.elapsed().as_secs_f64())
+    };
+    let voters = async {
+        wait(&clusters, &name, "the rebuild", args.timeout, |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.restore.as_ref())
+                .is_some_and(|r| r.data_restored && r.cause.as_deref() == Some("quorumLost"))
+        })
+        .await?;
+        anyhow::Ok(started.elapsed().as_secs_f64())
+    };
+    let (rebuild_s, voters_s) = futures::try_join!(serving, voters)?;
+    timeline(client, ns, &name, lost_at).await?;
 
     for c in [&name, &restored] {
         clusters.delete(c, &Default::default()).await?;
@@ -379,8 +393,56 @@ async fn one(
         etcdctl_s,
         restore_s,
         rebuild_s,
+        voters_s,
         revisions_lost: at_loss.saturating_sub(last.revision),
     })
+}
+
+/// What the rebuild of Cluster `name` was made of: its Events since
+/// `since` (the operator's steps, and the Pod runner's about its Pods), as
+/// seconds after it, on standard error.
+async fn timeline(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    since: k8s_openapi::jiff::Timestamp,
+) -> Result<()> {
+    use k8s_openapi::api::events::v1::Event;
+    let events = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut lines: Vec<(f64, String)> = events
+        .items
+        .into_iter()
+        .filter_map(|e| {
+            let at = e.event_time.as_ref().map(|t| t.0).or(e
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0))?;
+            let about = e.regarding.as_ref()?.name.clone()?;
+            if !about.starts_with(name) || about.starts_with(&format!("{name}-r")) {
+                return None;
+            }
+            let s = (at - since).total(k8s_openapi::jiff::Unit::Second).ok()?;
+            (s >= 0.0).then(|| {
+                (
+                    s,
+                    format!(
+                        "{about} {} {}",
+                        e.reason.unwrap_or_default(),
+                        e.note.unwrap_or_default()
+                    ),
+                )
+            })
+        })
+        .collect();
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    eprintln!("{name}: the rebuild, seconds after the loss:");
+    for (s, line) in lines {
+        eprintln!("  {s:6.1} {line}");
+    }
+    Ok(())
 }
 
 /// `etcdctl snapshot save` of member 0 to a local file, with the
@@ -423,14 +485,14 @@ async fn etcdctl_snapshot(client: &Client, ns: &str, name: &str) -> Result<f64> 
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### etcd snapshots, restores and quorum-loss rebuilds (Production, real processes, versitygw over TLS), ConfigMaps of {} bytes, one run\n\n| objects | written s | database MiB | snapshot to S3 s (request → stored) | `etcdctl snapshot save` to disk s | restore into a new Cluster s (apply → all readable) | rebuild after losing every member s (delete → all readable) | revisions lost (snapshot → loss) |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "\n### etcd snapshots, restores and quorum-loss rebuilds (Production, real processes, versitygw over TLS), ConfigMaps of {} bytes, one run\n\n| objects | written s | database MiB | snapshot to S3 s (request → stored) | `etcdctl snapshot save` to disk s | restore into a new Cluster s (apply → all readable) | rebuild after losing every member s (delete → all readable, from the rebuilt etcd) | … → three voters s | revisions lost (snapshot → loss) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         args.object_bytes
     );
     for s in samples {
         #[allow(clippy::cast_precision_loss)]
         let mib = s.db_bytes as f64 / 1048576.0;
         out.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {} |\n",
+            "| {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {} |\n",
             s.objects,
             s.write_s,
             mib,
@@ -438,6 +500,7 @@ fn table(args: &Args, samples: &[Sample]) -> String {
             s.etcdctl_s,
             s.restore_s,
             s.rebuild_s,
+            s.voters_s,
             s.revisions_lost
         ));
     }

@@ -801,13 +801,19 @@ async fn quorum_lost(
             }
         })
         .count();
+    // Every member Pod goes before the rebuild, those already stopping too.
+    let every_member_pod: Vec<String> = pods
+        .iter()
+        .filter(|p| p.labels().contains_key(etcd::MEMBER_LABEL))
+        .map(ResourceExt::name_any)
+        .collect();
     crate::backup::restore::recover(
         ctx,
         cluster,
         names,
         lost,
         had.len(),
-        (&member_pods, &claims),
+        (&every_member_pod, &claims),
     )
     .await
 }

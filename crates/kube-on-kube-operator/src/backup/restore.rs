@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::conditions::{self, Desired, Status};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube_on_kube_api::Cluster;
@@ -283,9 +283,10 @@ async fn identity(
 /// For a Cluster with backups whose etcd lost a majority of its members'
 /// data: say so and, when it allows it or is asked to, rebuild every member
 /// from a snapshot. `lost` is how many of the `desired` members lost their
-/// data (claim or emptyDir gone); `remaining` are the member Pods and claims
-/// still there, deleted before the rebuild so no old data directory mixes
-/// with the restored one. `Some(action)`: the pass stops here; no empty
+/// data (claim or emptyDir gone); `remaining` are the member Pods (those
+/// already being deleted too: their stop is cut short) and claims still
+/// there, deleted before the rebuild so no old data directory mixes with
+/// the restored one. `Some(action)`: the pass stops here; no empty
 /// etcd is ever bootstrapped in the lost one's place.
 pub async fn recover(
     ctx: &Context,
@@ -401,8 +402,17 @@ pub async fn recover(
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &names.namespace);
     let (remaining_pods, remaining_claims) = remaining;
+    // Their data is thrown away: no point in a graceful stop, which etcd
+    // without a quorum cannot finish anyway and would hold the rebuild for
+    // the whole grace period. One second, not zero: the Pod is gone from
+    // the API only once its processes are, so its successor of the same
+    // name never runs beside it.
+    let now = DeleteParams {
+        grace_period_seconds: Some(1),
+        ..Default::default()
+    };
     for pod in remaining_pods {
-        crate::ownership::delete_owned(&pods, pod, &owner, &Default::default()).await?;
+        crate::ownership::delete_owned(&pods, pod, &owner, &now).await?;
     }
     for claim in remaining_claims {
         crate::ownership::delete_owned(&claims, claim, &owner, &Default::default()).await?;
