@@ -599,9 +599,15 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0)
         > 0;
-    // Add-ons follow the control plane: not while it upgrades or refuses a version.
+    // Add-ons follow the control plane: not while it upgrades or refuses a
+    // version, not while no etcd member serves (its kube-apiservers may
+    // still look ready for a moment), and not while etcd starts from a
+    // snapshot (which holds the add-ons applied before): a pass that waited
+    // out the business API's timeouts would hold back the next etcd step.
     let mut addons_wait = None;
     let addons = if api_ready
+        && etcd_report.ready > 0
+        && crate::render::restore::pending(&cluster).is_none()
         && certificates_error.is_none()
         && certificates_held.is_none()
         && upgrade_plan.addons

@@ -180,21 +180,6 @@ fn files_under(dir: &std::path::Path) -> bool {
         })
 }
 
-/// Kill the operator's Pod at once (no grace: whatever it was doing is cut
-/// short) and wait until it is gone.
-async fn kill_operator(client: &Client, ns: &str) {
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
-    pods.delete("operator", &DeleteParams::default().grace_period(0))
-        .await
-        .expect("kill the operator");
-    wait_for(
-        "the operator pod to be gone",
-        Duration::from_secs(60),
-        async || pods.get_opt("operator").await.ok()?.is_none().then_some(()),
-    )
-    .await;
-}
-
 async fn set_backup(clusters: &Api<Cluster>, name: &str, backup: Value) {
     clusters
         .patch(
@@ -883,7 +868,7 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
-    kill_operator(&client, &ns).await;
+    kill_operator_pod(&client, &ns).await;
     if !cut {
         println!("the upload ended before it was seen: the operator was killed after it");
     }
@@ -991,7 +976,7 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         pod.metadata.deletion_timestamp.is_none().then_some(())
     })
     .await;
-    kill_operator(&client, &ns).await;
+    kill_operator_pod(&client, &ns).await;
     pods.delete(&first, &DeleteParams::default().grace_period(0))
         .await
         .expect("delete the restoring member");

@@ -118,8 +118,18 @@ pub async fn start_operator_pod_with(client: &Client, ns: &str, node: &str, extr
 
 /// Stop the operator Pod and wait until it is gone.
 pub async fn stop_operator_pod(client: &Client, ns: &str) {
+    delete_operator_pod(client, ns, &DeleteParams::default()).await;
+}
+
+/// Kill the operator's Pod at once (no grace: whatever it was doing is cut
+/// short) and wait until it is gone.
+pub async fn kill_operator_pod(client: &Client, ns: &str) {
+    delete_operator_pod(client, ns, &DeleteParams::default().grace_period(0)).await;
+}
+
+async fn delete_operator_pod(client: &Client, ns: &str, params: &DeleteParams) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    pods.delete("operator", &DeleteParams::default())
+    pods.delete("operator", params)
         .await
         .expect("stop the operator");
     wait_for(
