@@ -669,10 +669,14 @@ async fn attempt(
         .list()
         .await
         .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
-    let manifest = match stored_answer(&stored, answers) {
+    // What is stored after this attempt, newest first: the listing made
+    // before it, with the new snapshot in front (no second listing).
+    let answer = stored_answer(&stored, answers).cloned();
+    let mut listed = stored;
+    let manifest = match answer {
         Some(m) => {
             tracing::info!(snapshot = %m.name, "a snapshot stored before answers this attempt; none taken");
-            m.clone()
+            m
         }
         None => super::take(
             &etcd,
@@ -683,7 +687,8 @@ async fn attempt(
             OffsetDateTime::now_utc(),
         )
         .await
-        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?,
+        .map_err(|e| Failure::categorized(e.category(), e.to_string()))
+        .inspect(|m| listed.insert(0, m.clone()))?,
     };
     let retention = &spec.retention;
     let max_age = retention
@@ -706,13 +711,6 @@ async fn attempt(
             return Ok(taken);
         }
     }
-    let listed = match store.list().await {
-        Ok(listed) => listed,
-        Err(e) => {
-            taken.retention_error = Some(e);
-            return Ok(taken);
-        }
-    };
     let doomed = expired(&listed, retention.count, max_age, Timestamp::now());
     for (i, m) in listed.into_iter().enumerate() {
         if !doomed.contains(&i) {
