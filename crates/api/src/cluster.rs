@@ -190,7 +190,8 @@ pub struct ComponentSpec {
     validation = Rule::new("!has(self.version) || !has(oldSelf.version) || self.version.split('.')[0] == oldSelf.version.split('.')[0]").message("the etcd major version cannot change"),
     validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) <= int(oldSelf.version.split('.')[1]) + 1").message("an etcd upgrade may not skip a minor version: upgrade one minor version at a time (for example 3.5.x to 3.6.x)"),
     validation = Rule::new("!has(self.version) || !has(oldSelf.version) || int(self.version.split('.')[1]) >= int(oldSelf.version.split('.')[1])").message("downgrading the etcd minor version is not supported: an older etcd cannot run on the data a newer one wrote"),
-    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom) && (!has(self.restoreFrom) || self.restoreFrom == oldSelf.restoreFrom)").message("etcd.restoreFrom is set when the Cluster is created and cannot change")
+    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom) && (!has(self.restoreFrom) || self.restoreFrom == oldSelf.restoreFrom)").message("etcd.restoreFrom is set when the Cluster is created and cannot change"),
+    validation = Rule::new("!has(self.backup) || !has(self.backup.pvc) || !has(self.restoreFrom) || !has(self.restoreFrom.pvc) || self.backup.pvc.claimName == self.restoreFrom.pvc.claimName").message("etcd.backup.pvc and etcd.restoreFrom.pvc must name the same claim: one snapshot gateway serves a Cluster")
 )]
 pub struct EtcdSpec {
     /// Image, version, flags and resources of every member.
@@ -199,7 +200,8 @@ pub struct EtcdSpec {
     /// Where each member keeps its data. Cannot change after creation.
     pub storage: EtcdStorage,
     /// Scheduled snapshots of the cluster's etcd, taken from a healthy
-    /// member and kept in S3-compatible storage. Absent: no snapshots.
+    /// member and kept in S3-compatible storage or on a claim. Absent: no
+    /// snapshots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<EtcdBackup>,
     /// Start this Cluster from a snapshot another Cluster's backups took:
@@ -213,12 +215,22 @@ pub struct EtcdSpec {
 /// A snapshot to start a new Cluster from.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.s3.prefix)").message("etcd.restoreFrom.s3.prefix must name where the snapshots are (by default the backed-up Cluster's <namespace>/<name>)"))]
+#[x_kube(
+    validation = Rule::new("has(self.s3) != has(self.pvc)").message("set exactly one of etcd.restoreFrom.s3 or etcd.restoreFrom.pvc"),
+    validation = Rule::new("!has(self.s3) || has(self.s3.prefix)").message("etcd.restoreFrom.s3.prefix must name where the snapshots are (by default the backed-up Cluster's <namespace>/<name>)"),
+    validation = Rule::new("!has(self.pvc) || has(self.pvc.prefix)").message("etcd.restoreFrom.pvc.prefix must name where the snapshots are (by default the backed-up Cluster's <namespace>/<name>)")
+)]
 pub struct RestoreFrom {
     /// Where the snapshots are: the backup settings' `s3` of the Cluster
     /// that took them (with its `prefix`: by default that Cluster's
     /// `<namespace>/<name>`).
-    pub s3: S3Destination,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination>,
+    /// Or the claim in this Cluster's namespace they were written to: the
+    /// backup settings' `pvc` of the Cluster that took them (with its
+    /// `prefix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<ClaimDestination>,
     /// The snapshot's name, or `latest` for the newest complete one.
     #[schemars(
         length(min = 1, max = 64),
@@ -232,8 +244,9 @@ pub struct RestoreFrom {
 }
 
 /// When etcd snapshots are taken, how many are kept and where they go.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.s3) != has(self.pvc)").message("set exactly one of etcd.backup.s3 or etcd.backup.pvc"))]
 pub struct EtcdBackup {
     /// When to take them.
     pub schedule: BackupSchedule,
@@ -242,7 +255,12 @@ pub struct EtcdBackup {
     #[serde(default)]
     pub retention: BackupRetention,
     /// The S3-compatible storage they are written to.
-    pub s3: S3Destination,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Destination>,
+    /// Or a PersistentVolumeClaim in the Cluster's namespace they are
+    /// written to, through a snapshot gateway the operator runs on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<ClaimDestination>,
     /// Secret in the Cluster's namespace whose key `key` holds 32 random
     /// bytes (raw, or base64 as `openssl rand -base64 32` prints them). The
     /// Cluster's certificate authorities and service-account key are sealed
@@ -351,6 +369,29 @@ pub struct S3Destination {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
     pub ca_secret: Option<String>,
+}
+
+/// A PersistentVolumeClaim that holds snapshots. The operator runs a
+/// snapshot gateway on it for the Cluster (one Pod, `<cluster>-snapshots`:
+/// an S3-compatible server over the claim's files, with keys and a
+/// certificate of its own), so snapshots, restores and retention work as
+/// with S3 storage. The claim is the user's: deleting the Cluster leaves it
+/// and its snapshots; deleting the namespace does not.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.prefix) || !self.prefix.matches('(^|/)[.][.]?(/|$)')").message("etcd.backup.pvc.prefix may not contain . or .. segments"))]
+pub struct ClaimDestination {
+    /// The claim, in the Cluster's namespace; it must exist, and may not
+    /// be one of the Cluster's etcd members' claims.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub claim_name: String,
+    /// Where on the claim (default: `<namespace>/<cluster>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 512),
+        regex(pattern = r"^[A-Za-z0-9!_.*'()/-]+$")
+    )]
+    pub prefix: Option<String>,
 }
 
 /// Exactly one of `claimTemplate` or `volumeSource`.

@@ -14,6 +14,10 @@ use crate::bounded::Limits;
 const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
 
+/// The snapshot gateway's image unless `--snapshot-gateway-image` says
+/// otherwise: versitygw's upstream release the operator is tested with.
+pub const DEFAULT_SNAPSHOT_GATEWAY_IMAGE: &str = "ghcr.io/versity/versitygw:v1.8.0";
+
 /// Settings of the operator itself.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -30,6 +34,9 @@ pub struct Config {
     /// to download the snapshot (default:
     /// `<registry>/kube-on-kube-operator:<operator version>`).
     pub operator_image: Option<String>,
+    /// Image of the snapshot gateway run on the claim of a Cluster whose
+    /// snapshots go to a PersistentVolumeClaim (versitygw).
+    pub snapshot_gateway_image: String,
     /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
     /// its own namespace's.
     pub addon_template_namespace: Option<String>,
@@ -63,6 +70,7 @@ impl Default for Config {
             etcd_version: "3.6.16".into(),
             node_operator_image: None,
             operator_image: None,
+            snapshot_gateway_image: DEFAULT_SNAPSHOT_GATEWAY_IMAGE.into(),
             addon_template_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
             policy: Default::default(),

@@ -335,12 +335,6 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         tracing::warn!(cluster = %names.cluster, %error, "cannot add the teardown finalizer");
     }
 
-    // A Cluster started from a snapshot: its identity first, nothing else
-    // until it is there.
-    if let Some(action) = crate::backup::restore::prepare(&ctx, &cluster, &names).await? {
-        return Ok(action);
-    }
-
     // A Cluster that waits only for its add-on step's next attempt, with
     // nothing changed since the pass that found so: that step alone.
     let key = names.key();
@@ -423,6 +417,15 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         crate::policy::set_condition(&mut status, &cluster, &refusals, Timestamp::now());
         kok_common::apply::apply_status(&clusters, MANAGER, &names.cluster, &status).await?;
         return Ok(Action::requeue(Duration::from_secs(60)));
+    }
+
+    // The snapshot gateway on a claim snapshots go to (or come from).
+    crate::backup::gateway::converge(&ctx, &cluster, &names, &existing, &services, &deployments)
+        .await?;
+    // A Cluster started from a snapshot: its identity first, nothing else
+    // until it is there.
+    if let Some(action) = crate::backup::restore::prepare(&ctx, &cluster, &names).await? {
+        return Ok(action);
     }
 
     // The apiserver Services first: their addresses go into the serving

@@ -33,6 +33,9 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The keys of a Cluster's snapshot gateway could not be made.
+    #[error("making the snapshot gateway's keys: {0}")]
+    GatewayKeys(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl From<crate::bounded::ListError> for Error {
@@ -53,6 +56,7 @@ impl Error {
             Error::Limit(_) => "limit",
             Error::NameConflict(_) => "name_conflict",
             Error::Rejected { .. } => "rejected",
+            Error::GatewayKeys(_) => "gateway_keys",
         }
     }
 

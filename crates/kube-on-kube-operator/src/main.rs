@@ -61,6 +61,13 @@ struct Args {
     /// `<image registry>/kube-on-kube-operator:<this operator's version>`).
     #[arg(long, env = "KOK_OPERATOR_IMAGE")]
     operator_image: Option<String>,
+    /// Image of the snapshot gateway: for a Cluster whose snapshots go to a
+    /// PersistentVolumeClaim (`spec.etcd.backup.pvc`), one Pod of this
+    /// S3-compatible server (versitygw, `posix` backend) runs on the claim
+    /// in the Cluster's namespace, and the operator stores snapshots
+    /// through it.
+    #[arg(long, env = "KOK_SNAPSHOT_GATEWAY_IMAGE", default_value = kube_on_kube_operator::config::DEFAULT_SNAPSHOT_GATEWAY_IMAGE)]
+    snapshot_gateway_image: String,
     #[command(flatten)]
     policy: kube_on_kube_operator::policy::PolicyArgs,
     #[command(flatten)]
@@ -156,6 +163,7 @@ async fn main() -> anyhow::Result<()> {
         etcd_version: args.etcd_version,
         node_operator_image: args.node_operator_image,
         operator_image: args.operator_image,
+        snapshot_gateway_image: args.snapshot_gateway_image,
         addon_template_namespace: args.addon_template_namespace,
         addon_retry: args.addon_retry,
         policy: args.policy.policy(),

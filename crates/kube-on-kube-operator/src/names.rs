@@ -12,6 +12,8 @@ pub enum Component {
     ControllerManager,
     Scheduler,
     NodeOperator,
+    /// The S3 server on a claim that holds a Cluster's etcd snapshots.
+    SnapshotGateway,
 }
 
 impl Component {
@@ -23,6 +25,7 @@ impl Component {
             Component::ControllerManager => "controller-manager",
             Component::Scheduler => "scheduler",
             Component::NodeOperator => "node-operator",
+            Component::SnapshotGateway => "snapshots",
         }
     }
 }
@@ -103,6 +106,11 @@ impl Names {
     pub fn deployment(&self, component: Component) -> String {
         self.prefixed(component.as_str())
     }
+    /// Deployment, Service and Secret (its keys and certificate) of the
+    /// snapshot gateway on the claim a Cluster's snapshots go to.
+    pub fn snapshot_gateway(&self) -> String {
+        self.deployment(Component::SnapshotGateway)
+    }
     /// Internal Service of kube-apiserver (used by the other components).
     pub fn apiserver_service(&self) -> String {
         self.prefixed("apiserver")
@@ -150,6 +158,7 @@ pub fn display_name(component: Component) -> &'static str {
         Component::ControllerManager => "kube-controller-manager",
         Component::Scheduler => "kube-scheduler",
         Component::NodeOperator => "node-operator",
+        Component::SnapshotGateway => "snapshot gateway",
     }
 }
 
@@ -236,9 +245,12 @@ mod tests {
             Component::ControllerManager,
             Component::Scheduler,
             Component::NodeOperator,
+            Component::SnapshotGateway,
         ] {
             out.push(("Deployment", n.deployment(component)));
         }
+        out.push(("Service", n.snapshot_gateway()));
+        out.push(("Secret", n.snapshot_gateway()));
         out.push(("ConfigMap", crate::addons::inventory_name(&n)));
         out.push(("ConfigMap", n.egress_selector_config()));
         out

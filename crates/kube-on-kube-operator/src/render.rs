@@ -8,6 +8,7 @@ pub mod etcd;
 mod golden;
 pub mod kubeconfig;
 pub mod restore;
+pub mod snapshot_gateway;
 
 use std::collections::BTreeMap;
 

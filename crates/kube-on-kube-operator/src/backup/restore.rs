@@ -35,6 +35,7 @@ use super::{Manifest, SnapshotStore, pki};
 use crate::Error;
 use crate::context::{Context, publish};
 use crate::names::Names;
+use crate::render::snapshot_gateway::{backup_storage, restore_storage};
 
 /// The condition the restore answers in.
 pub const RESTORED: &str = "Restored";
@@ -171,6 +172,21 @@ pub async fn prepare(
             .await?;
             Ok(Some(Action::requeue(Duration::from_secs(1))))
         }
+        Err(failure) if failure.reason == super::gateway::WAITING => {
+            // Nothing wrong: the gateway on the claim is starting, and its
+            // Deployment turning ready wakes the Cluster.
+            write(
+                ctx,
+                cluster,
+                names,
+                recorded,
+                false,
+                &failure.reason,
+                failure.message,
+            )
+            .await?;
+            Ok(Some(Action::requeue(Duration::from_secs(5))))
+        }
         Err(failure) => {
             tracing::warn!(cluster = %names.cluster, reason = %failure.reason, message = %failure.message, "restore refused");
             say(
@@ -202,13 +218,19 @@ async fn identity(
     from: &RestoreFrom,
     recorded: Option<&RestoreStatus>,
 ) -> Result<RestoreStatus, Failure> {
-    let config = store_config(ctx, names, &from.s3).await?;
+    let storage = restore_storage(names, from).ok_or_else(|| {
+        Failure::new(
+            "NoDestination",
+            "set one of etcd.restoreFrom.s3 or etcd.restoreFrom.pvc",
+        )
+    })?;
+    let config = store_config(ctx, names, &storage).await?;
     let store = SnapshotStore::new(&config)
         .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
     // A snapshot chosen once stays chosen: `latest` moving on between
     // attempts would mix two snapshots' identity and data.
     let wanted = recorded.map_or(from.snapshot.as_str(), |r| r.snapshot.as_str());
-    let manifest = choose(&store, wanted).await?;
+    let manifest = choose(&store, wanted, "etcd.restoreFrom").await?;
     let ours = minor(&cluster.spec.version);
     let theirs = manifest.kubernetes_version.as_deref().and_then(minor);
     if let (Some(ours), Some(theirs)) = (ours, theirs)
@@ -337,10 +359,16 @@ pub async fn recover(
     }
     let wanted = asked.map_or("latest", String::as_str);
     let chosen = async {
-        let config = store_config(ctx, names, &backup.s3).await?;
+        let storage = backup_storage(names, backup).ok_or_else(|| {
+            Failure::new(
+                "NoDestination",
+                "set one of etcd.backup.s3 or etcd.backup.pvc",
+            )
+        })?;
+        let config = store_config(ctx, names, &storage).await?;
         let store = SnapshotStore::new(&config)
             .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
-        choose(&store, wanted).await
+        choose(&store, wanted, "etcd.backup").await
     }
     .await;
     let manifest = match chosen {
@@ -421,7 +449,7 @@ pub async fn recover(
 }
 
 /// The complete snapshot `wanted` names (`latest`: the newest).
-async fn choose(store: &SnapshotStore, wanted: &str) -> Result<Manifest, Failure> {
+async fn choose(store: &SnapshotStore, wanted: &str, field: &str) -> Result<Manifest, Failure> {
     let found = if wanted == "latest" {
         store
             .list()
@@ -439,7 +467,7 @@ async fn choose(store: &SnapshotStore, wanted: &str) -> Result<Manifest, Failure
     let manifest = found.ok_or_else(|| {
         Failure::new(
             "SnapshotNotFound",
-            format!("no complete snapshot {wanted:?} in the storage named by etcd.restoreFrom.s3"),
+            format!("no complete snapshot {wanted:?} in the storage {field} names"),
         )
     })?;
     // Read through once, before anything is made or given up for it: a
@@ -468,7 +496,7 @@ pub async fn finish(
     names: &Names,
     members_ready: bool,
 ) -> Result<(), Error> {
-    let Some((_, status)) = pending(cluster) else {
+    let Some(status) = pending(cluster) else {
         return Ok(());
     };
     if !members_ready {

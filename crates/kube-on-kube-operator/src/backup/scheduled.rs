@@ -27,8 +27,7 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{
-    BACKUP_REQUEST_ANNOTATION, BackupSchedule, BackupStatus, EtcdBackup, S3Destination,
-    SnapshotRecord,
+    BACKUP_REQUEST_ANNOTATION, BackupSchedule, BackupStatus, EtcdBackup, SnapshotRecord,
 };
 use serde_json::json;
 use time::OffsetDateTime;
@@ -38,6 +37,7 @@ use crate::Error;
 use crate::context::{Context, publish};
 use crate::etcd::api::EtcdClient;
 use crate::names::Names;
+use crate::render::snapshot_gateway::{Storage, backup_storage};
 
 /// The condition this controller owns.
 pub const BACKUP_READY: &str = "BackupReady";
@@ -346,6 +346,20 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::requeue(WAIT_FOR_ETCD));
     }
 
+    // A claim's gateway that is still starting is no failed attempt: the
+    // snapshot waits for it (a claim that is missing or not allowed fails
+    // the attempt below, with its reason).
+    if let Some(claim) = backup_storage(&names, spec).and_then(|s| s.claim)
+        && let Err(waiting) = super::gateway::usable(&ctx, &names, &claim).await
+        && waiting.reason == super::gateway::WAITING
+    {
+        let mut conditions = conditions;
+        condition(&mut conditions, false, &waiting.reason, waiting.message);
+        state.next_due = due.map(Time);
+        write(&state, &conditions).await?;
+        return Ok(Action::requeue(WAIT_FOR_ETCD));
+    }
+
     let started = std::time::Instant::now();
     state.last_attempt = Some(Time(now));
     let answers = Answers {
@@ -498,13 +512,18 @@ async fn secret_field(
         .collect()
 }
 
-/// The storage `s3` names, with its Secrets from the Cluster's namespace.
+/// The storage `storage` names, with its Secrets from the Cluster's
+/// namespace: S3 storage the operator's `--backup-endpoints` allows, or the
+/// snapshot gateway on a claim once it serves.
 pub(super) async fn store_config(
     ctx: &Context,
     names: &Names,
-    s3: &S3Destination,
+    storage: &Storage,
 ) -> Result<StoreConfig, Failure> {
-    if !crate::policy::backup_endpoint_allowed(&ctx.config.policy, &s3.endpoint) {
+    let s3 = &storage.s3;
+    if let Some(claim) = &storage.claim {
+        super::gateway::usable(ctx, names, claim).await?;
+    } else if !crate::policy::backup_endpoint_allowed(&ctx.config.policy, &s3.endpoint) {
         return Err(Failure::new(
             "EndpointNotAllowed",
             format!(
@@ -641,7 +660,13 @@ async fn attempt(
     spec: &EtcdBackup,
     answers: &Answers<'_>,
 ) -> Result<Taken, Failure> {
-    let config = store_config(ctx, names, &spec.s3).await?;
+    let storage = backup_storage(names, spec).ok_or_else(|| {
+        Failure::new(
+            "NoDestination",
+            "set one of etcd.backup.s3 or etcd.backup.pvc",
+        )
+    })?;
+    let config = store_config(ctx, names, &storage).await?;
     let store = SnapshotStore::new(&config)
         .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);

@@ -345,6 +345,7 @@ pub fn upgrade_action(component: Component) -> &'static str {
         Component::ControllerManager => "UpgradeKubeControllerManager",
         Component::Scheduler => "UpgradeKubeScheduler",
         Component::NodeOperator => "UpgradeNodeOperator",
+        Component::SnapshotGateway => "UpgradeSnapshotGateway",
     }
 }
 

@@ -1002,12 +1002,12 @@ impl Act<'_> {
                 }
                 if !created.is_empty() {
                     let note = match crate::render::restore::pending(self.cluster) {
-                        Some((_, restore)) if self.desired > created.len() => format!(
+                        Some(restore) if self.desired > created.len() => format!(
                             "started {} as a new etcd cluster on snapshot {}; the other members join it as learners",
                             created.join(", "),
                             restore.snapshot
                         ),
-                        Some((_, restore)) => format!(
+                        Some(restore) => format!(
                             "started {} as a new etcd cluster on snapshot {}",
                             created.join(", "),
                             restore.snapshot
@@ -1183,8 +1183,10 @@ impl Act<'_> {
         };
         // The first bootstrap of a Cluster started from a snapshot: each
         // member starts on the snapshot's data.
-        let pod = match crate::render::restore::pending(self.cluster) {
-            Some((s3, status)) if state == ClusterState::New => {
+        let restoring = crate::render::restore::pending(self.cluster)
+            .zip(crate::render::restore::source(self.cluster, self.names));
+        let pod = match restoring {
+            Some((status, s3)) if state == ClusterState::New => {
                 let flags = crate::render::restore::restore_flags(&pod);
                 crate::render::restore::with_restore(
                     pod,

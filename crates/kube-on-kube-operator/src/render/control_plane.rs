@@ -60,7 +60,7 @@ pub struct PodInputs<'a> {
     pub config_hash: &'a str,
 }
 
-fn projection(secret: String, items: &[(&str, &str)]) -> VolumeProjection {
+pub(crate) fn projection(secret: String, items: &[(&str, &str)]) -> VolumeProjection {
     VolumeProjection {
         secret: Some(SecretProjection {
             name: secret,
@@ -80,7 +80,7 @@ fn projection(secret: String, items: &[(&str, &str)]) -> VolumeProjection {
     }
 }
 
-fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
+pub(crate) fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
     Volume {
         name: name.into(),
         projected: Some(ProjectedVolumeSource {
@@ -91,7 +91,7 @@ fn projected(name: &str, sources: Vec<VolumeProjection>) -> Volume {
     }
 }
 
-fn https_probe(path: &str, port: i32, failure_threshold: i32, initial: i32) -> Probe {
+pub(crate) fn https_probe(path: &str, port: i32, failure_threshold: i32, initial: i32) -> Probe {
     probe("HTTPS", path, port, failure_threshold, initial)
 }
 

@@ -9,6 +9,9 @@ use k8s_openapi::api::core::v1::{
 use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{RestoreStatus, S3Destination};
 
+use super::snapshot_gateway::{backup_storage, restore_storage};
+use crate::names::Names;
+
 /// Where the snapshot is downloaded to inside a member's Pod.
 const SCRATCH: &str = "/var/run/kok-restore";
 /// Where the storage's CA is mounted for the download.
@@ -18,26 +21,24 @@ const CA_DIR: &str = "/etc/kok-restore-ca";
 pub const QUORUM_LOST: &str = "quorumLost";
 
 /// The restore in progress, when `cluster`'s members have yet to start on a
-/// snapshot: where the snapshot is (its prefix filled in) and what was
-/// recorded.
-pub fn pending(cluster: &Cluster) -> Option<(S3Destination, &RestoreStatus)> {
+/// snapshot: what was recorded.
+pub fn pending(cluster: &Cluster) -> Option<&RestoreStatus> {
     let status = cluster.status.as_ref()?.restore.as_ref()?;
-    if !status.identity_restored || status.data_restored {
-        return None;
-    }
+    (status.identity_restored && !status.data_restored).then_some(status)
+}
+
+/// Where the snapshot of the restore in progress is (its prefix filled in):
+/// the Cluster's own backups after a quorum loss, else `restoreFrom`.
+pub fn source(cluster: &Cluster, names: &Names) -> Option<S3Destination> {
+    let status = pending(cluster)?;
     let etcd = &cluster.spec.etcd;
     if status.cause.as_deref() == Some(QUORUM_LOST) {
-        let mut s3 = etcd.backup.as_ref()?.s3.clone();
-        s3.prefix.get_or_insert_with(|| {
-            format!(
-                "{}/{}",
-                cluster.metadata.namespace.as_deref().unwrap_or_default(),
-                cluster.metadata.name.as_deref().unwrap_or_default()
-            )
-        });
-        Some((s3, status))
+        let mut s3 = backup_storage(names, etcd.backup.as_ref()?)?.s3;
+        s3.prefix
+            .get_or_insert_with(|| format!("{}/{}", names.namespace, names.cluster));
+        Some(s3)
     } else {
-        Some((etcd.restore_from.as_ref()?.s3.clone(), status))
+        Some(restore_storage(names, etcd.restore_from.as_ref()?)?.s3)
     }
 }
 
