@@ -18,7 +18,12 @@
 //!   `cron`;
 //! - the latest snapshot restored into a new Cluster in another namespace:
 //!   every object there, the same CA, and a kubeconfig of the first Cluster
-//!   admitted by the second.
+//!   admitted by the second;
+//! - snapshots on a PersistentVolumeClaim, through the snapshot gateway the
+//!   operator runs on it: a missing claim and an etcd member's claim
+//!   refused with their reasons, retention on the claim's files, a Cluster
+//!   that lost its only member rebuilt from the claim, and a new Cluster
+//!   started from it.
 
 mod common;
 
@@ -45,11 +50,13 @@ use serde_json::{Value, json};
 fn runner() -> &'static PodRunner {
     static RUNNER: OnceLock<PodRunner> = OnceLock::new();
     // etcd's image holds etcdutl beside etcd: a restoring member runs it.
+    // versitygw's image is the snapshot gateway on a claim.
     RUNNER.get_or_init(|| {
-        start_runner(vec![(
-            "etcdutl".into(),
-            kok_testenv::s3::etcdutl().expect("etcdutl"),
-        )])
+        let bins = kok_testenv::s3::bin_dir().expect("backup binaries");
+        start_runner(vec![
+            ("etcdutl".into(), bins.join("etcdutl")),
+            ("versitygw".into(), bins.join("versitygw")),
+        ])
     })
 }
 
@@ -1071,4 +1078,319 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The files on a claim: the directory of its PersistentVolume (the test
+/// environment's provisioner backs each with a directory on the machine).
+async fn claim_dir(client: &Client, ns: &str, claim: &str) -> PathBuf {
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), ns);
+    let volume = wait_for("the claim to be bound", ANSWER, async || {
+        claims.get(claim).await.ok()?.spec?.volume_name
+    })
+    .await;
+    let pv = Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone())
+        .get(&volume)
+        .await
+        .expect("volume");
+    PathBuf::from(pv.spec.and_then(|s| s.host_path).expect("hostPath").path)
+}
+
+/// Snapshots of a Minimal Cluster on a claim of its namespace, through the
+/// gateway the operator runs on it: bad claims refused with their reasons
+/// (and no gateway Pod on them), retention on the claim's own files (each a
+/// whole etcd database, as `etcdutl` reads it), the Cluster rebuilt from the
+/// claim after its only member lost its data, and a second Cluster started
+/// from the claim with the first one's identity and objects; once it is
+/// restored, its gateway goes.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_on_a_claim_go_through_the_gateway_rebuild_the_cluster_and_start_another() {
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("claim").await;
+    grant_operator(&client, &ns).await;
+    start_operator_pod_with(
+        &client,
+        &ns,
+        &runner.nodes()[2],
+        &["--operator-image=kube-on-kube-operator".into()],
+    )
+    .await;
+    let key_text = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode([9u8; 32])
+    };
+    put_secret(&client, &ns, &secret("backup-key", &[("key", &key_text)])).await;
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "snapshots"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .expect("claim");
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    let name = "pc";
+    let backup = |claim: &str| {
+        json!({
+            "schedule": {"every": "24h"},
+            "suspend": true,
+            "autoRecover": true,
+            "retention": {"count": 2},
+            "pvc": {"claimName": claim},
+            "encryptionKeySecret": "backup-key",
+        })
+    };
+    let mut cluster = test_cluster(&ns, name, ClusterMode::Minimal);
+    cluster.spec.etcd.backup = Some(serde_json::from_value(backup("nowhere")).expect("backup"));
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+    // The API server refuses both destinations at once.
+    let mut both = test_cluster(&ns, "both", ClusterMode::Minimal);
+    let mut two = backup("snapshots");
+    two["s3"] = json!({"endpoint": "https://s3.example", "bucket": "b", "credentialsSecret": "c"});
+    both.spec.etcd.backup = Some(serde_json::from_value(two).expect("backup"));
+    let refused = clusters
+        .create(&PostParams::default(), &both)
+        .await
+        .expect_err("s3 and pvc together are refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("exactly one of etcd.backup.s3 or etcd.backup.pvc"),
+        "{refused}"
+    );
+    wait_cluster(&clusters, name, "etcd and the API", READY, |c| {
+        etcd_converged(c, 1) && condition(c, "APIServerReady").as_deref() == Some("True")
+    })
+    .await;
+    let gateway = format!("{name}-snapshots");
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), &ns);
+
+    // Bad claims: said why, and nothing runs on them.
+    for (claim, token, reason) in [
+        ("nowhere", "missing", "ClaimMissing"),
+        (&*format!("{name}-etcd-0"), "member", "ClaimNotAllowed"),
+    ] {
+        set_backup(&clusters, name, backup(claim)).await;
+        let c = ask(&clusters, name, token).await;
+        let (status, got, message) = condition_of(&c, "BackupReady").expect("BackupReady");
+        println!("claim {claim}: {got}: {message}");
+        assert_eq!(
+            (status.as_str(), got.as_str()),
+            ("False", reason),
+            "{claim}"
+        );
+        assert!(
+            !event_notes(&client, &ns, name, reason).await.is_empty(),
+            "{claim}: an Event"
+        );
+        assert!(
+            deployments.get_opt(&gateway).await.expect("read").is_none(),
+            "{claim}: no gateway on it"
+        );
+    }
+
+    // 200 objects, then three snapshots on the claim: two kept.
+    let business = business_client(&client, &ns, name).await;
+    let maps: Api<ConfigMap> = Api::namespaced(business.clone(), "default");
+    for n in 0..200 {
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": format!("object-{n}")},
+            "data": {"n": n.to_string()},
+        }))
+        .expect("configmap");
+        maps.create(&PostParams::default(), &map)
+            .await
+            .expect("write");
+    }
+    set_backup(&clusters, name, backup("snapshots")).await;
+    let started = Instant::now();
+    let mut taken = Vec::new();
+    for token in ["c1", "c2", "c3"] {
+        let c = ask(&clusters, name, token).await;
+        let (status, reason, message) = condition_of(&c, "BackupReady").expect("BackupReady");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "SnapshotTaken"),
+            "{message}"
+        );
+        taken.push(
+            backup_status(&c)["lastSnapshot"]["name"]
+                .as_str()
+                .expect("name")
+                .to_string(),
+        );
+        if token == "c1" {
+            println!(
+                "first snapshot on the claim {:?} after asking (gateway started)",
+                started.elapsed()
+            );
+        }
+    }
+    let c = clusters.get(name).await.expect("cluster");
+    let listed: Vec<String> = backup_status(&c)["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .map(|s| s["name"].as_str().expect("name").to_string())
+        .collect();
+    assert_eq!(
+        listed,
+        [taken[2].clone(), taken[1].clone()],
+        "newest two kept"
+    );
+    let dir = claim_dir(&client, &ns, "snapshots")
+        .await
+        .join(&ns)
+        .join(name);
+    let mut on_claim: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    on_claim.sort();
+    let mut expected: Vec<String> = listed
+        .iter()
+        .flat_map(|n| {
+            [
+                format!("{n}.db"),
+                format!("{n}.manifest.json"),
+                format!("{n}.pki"),
+            ]
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(
+        on_claim, expected,
+        "the claim holds exactly the kept snapshots"
+    );
+    let status = Command::new(kok_testenv::s3::etcdutl().expect("etcdutl"))
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(dir.join(format!("{}.db", taken[2])))
+        .output()
+        .expect("etcdutl");
+    assert!(
+        status.status.success(),
+        "etcdutl reads the snapshot: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let gateway_pods = ready_pods(&client, &ns, name, "snapshots").await;
+    assert_eq!(gateway_pods.len(), 1, "one gateway Pod");
+
+    // The only member loses its data: rebuilt from the claim at once
+    // (autoRecover), every object back.
+    let lost_at = Instant::now();
+    let member = format!("{name}-etcd-0");
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .delete(&member, &Default::default())
+        .await
+        .expect("delete claim");
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns)
+        .delete(&member, &Default::default())
+        .await
+        .expect("delete pod");
+    let c = wait_cluster(&clusters, name, "etcd rebuilt from the claim", READY, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.restore.as_ref())
+            .is_some_and(|r| r.cause.as_deref() == Some("quorumLost"))
+            && condition(c, "Restored").as_deref() == Some("True")
+            && etcd_converged(c, 1)
+            && condition(c, "APIServerReady").as_deref() == Some("True")
+    })
+    .await;
+    let restore = c.status.clone().expect("status").restore.expect("restore");
+    assert_eq!(restore.snapshot, taken[2]);
+    println!(
+        "rebuilt from the claim's {} in {:?}",
+        restore.snapshot,
+        lost_at.elapsed()
+    );
+    let count = async |maps: &Api<ConfigMap>| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let seen = maps
+                .list(&Default::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .iter()
+                        .filter(|m| m.name_any().starts_with("object-"))
+                        .count()
+                })
+                .unwrap_or(0);
+            if seen == 200 || Instant::now() > deadline {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    assert_eq!(count(&maps).await, 200, "every object after the rebuild");
+
+    // A new Cluster started from the claim: the first one's identity and
+    // objects; its gateway goes once it is restored.
+    let mut second = test_cluster(&ns, "pc2", ClusterMode::Minimal);
+    second.spec.etcd.restore_from = Some(
+        serde_json::from_value(json!({
+            "pvc": {"claimName": "snapshots", "prefix": format!("{ns}/{name}")},
+            "snapshot": "latest",
+            "encryptionKeySecret": "backup-key",
+        }))
+        .expect("restoreFrom"),
+    );
+    let started = Instant::now();
+    clusters
+        .create(&PostParams::default(), &second)
+        .await
+        .expect("create the second cluster");
+    let c2 = wait_cluster(
+        &clusters,
+        "pc2",
+        "the second cluster to serve",
+        READY,
+        |c| {
+            condition(c, "Restored").as_deref() == Some("True")
+                && condition(c, "APIServerReady").as_deref() == Some("True")
+        },
+    )
+    .await;
+    println!(
+        "second cluster restored from the claim and serving after {:?}: {:?}",
+        started.elapsed(),
+        condition_of(&c2, "Restored")
+    );
+    let restore = c2.status.clone().expect("status").restore.expect("restore");
+    assert_eq!(restore.snapshot, taken[2], "latest on the claim");
+    for role in kube_on_kube_operator::backup::pki::ROLES {
+        let of = |cluster: &str| {
+            let api = Api::<Secret>::namespaced(client.clone(), &ns);
+            let name = format!("{cluster}-{role}");
+            async move { api.get(&name).await.expect("identity secret").data }
+        };
+        assert_eq!(of("pc2").await, of(name).await, "{role}");
+    }
+    let maps2: Api<ConfigMap> =
+        Api::namespaced(business_client(&client, &ns, "pc2").await, "default");
+    assert_eq!(
+        count(&maps2).await,
+        200,
+        "every object in the second cluster"
+    );
+    wait_for("the second cluster's gateway to go", ANSWER, async || {
+        deployments
+            .get_opt("pc2-snapshots")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // The first Cluster's gateway is still there, and its snapshots too.
+    assert!(deployments.get_opt(&gateway).await.expect("read").is_some());
+    assert!(dir.join(format!("{}.db", taken[2])).exists());
 }
