@@ -30,7 +30,7 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{RECOVER_ANNOTATION, RestoreFrom, RestoreStatus};
 use serde_json::json;
 
-use super::scheduled::{Failure, read_key, store_config};
+use super::scheduled::{Failure, open_store, read_key};
 use super::{Manifest, SnapshotStore, pki};
 use crate::Error;
 use crate::context::{Context, publish};
@@ -218,15 +218,7 @@ async fn identity(
     from: &RestoreFrom,
     recorded: Option<&RestoreStatus>,
 ) -> Result<RestoreStatus, Failure> {
-    let storage = restore_storage(names, from).ok_or_else(|| {
-        Failure::new(
-            "NoDestination",
-            "set one of etcd.restoreFrom.s3 or etcd.restoreFrom.pvc",
-        )
-    })?;
-    let config = store_config(ctx, names, &storage).await?;
-    let store = SnapshotStore::new(&config)
-        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+    let store = open_store(ctx, names, restore_storage(names, from), "etcd.restoreFrom").await?;
     // A snapshot chosen once stays chosen: `latest` moving on between
     // attempts would mix two snapshots' identity and data.
     let wanted = recorded.map_or(from.snapshot.as_str(), |r| r.snapshot.as_str());
@@ -359,15 +351,7 @@ pub async fn recover(
     }
     let wanted = asked.map_or("latest", String::as_str);
     let chosen = async {
-        let storage = backup_storage(names, backup).ok_or_else(|| {
-            Failure::new(
-                "NoDestination",
-                "set one of etcd.backup.s3 or etcd.backup.pvc",
-            )
-        })?;
-        let config = store_config(ctx, names, &storage).await?;
-        let store = SnapshotStore::new(&config)
-            .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+        let store = open_store(ctx, names, backup_storage(names, backup), "etcd.backup").await?;
         choose(&store, wanted, "etcd.backup").await
     }
     .await;

@@ -515,7 +515,7 @@ async fn secret_field(
 /// The storage `storage` names, with its Secrets from the Cluster's
 /// namespace: S3 storage the operator's `--backup-endpoints` allows, or the
 /// snapshot gateway on a claim once it serves.
-pub(super) async fn store_config(
+async fn store_config(
     ctx: &Context,
     names: &Names,
     storage: &Storage,
@@ -569,6 +569,23 @@ pub(super) async fn store_config(
     config.max_retries = 1;
     config.retry_timeout = Duration::from_secs(20);
     Ok(config)
+}
+
+/// The store `storage` (from the spec's `field`) stands for, ready to use.
+pub(super) async fn open_store(
+    ctx: &Context,
+    names: &Names,
+    storage: Option<Storage>,
+    field: &str,
+) -> Result<SnapshotStore, Failure> {
+    let storage = storage.ok_or_else(|| {
+        Failure::new(
+            "NoDestination",
+            format!("set one of {field}.s3 or {field}.pvc"),
+        )
+    })?;
+    let config = store_config(ctx, names, &storage).await?;
+    SnapshotStore::new(&config).map_err(|e| Failure::categorized(e.category(), e.to_string()))
 }
 
 /// The Cluster's identity Secrets and the user's key to seal them with.
@@ -660,15 +677,7 @@ async fn attempt(
     spec: &EtcdBackup,
     answers: &Answers<'_>,
 ) -> Result<Taken, Failure> {
-    let storage = backup_storage(names, spec).ok_or_else(|| {
-        Failure::new(
-            "NoDestination",
-            "set one of etcd.backup.s3 or etcd.backup.pvc",
-        )
-    })?;
-    let config = store_config(ctx, names, &storage).await?;
-    let store = SnapshotStore::new(&config)
-        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+    let store = open_store(ctx, names, backup_storage(names, spec), "etcd.backup").await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let client_secret = names.cert_secret("operator-etcd-client");
     let secret = secrets
