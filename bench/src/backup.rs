@@ -45,9 +45,21 @@ pub struct Args {
     /// Give up on one step after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout: u64,
+    /// Where snapshots go: `s3` (versitygw on the machine, over TLS) or
+    /// `pvc` (a claim in the Clusters' namespace, through the snapshot
+    /// gateway the operator runs on it).
+    #[arg(long, value_enum, default_value_t = Destination::S3)]
+    pub destination: Destination,
     /// Append the results table to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+/// Where a benchmark's snapshots go.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    S3,
+    Pvc,
 }
 
 #[derive(Debug)]
@@ -69,8 +81,13 @@ struct Sample {
 pub async fn run(args: Args) -> Result<()> {
     let env = meta_cluster()?;
     // etcd's image holds etcdutl beside etcd: a restoring member runs it.
-    let etcdutl = [("etcdutl".to_string(), kok_testenv::s3::etcdutl()?)];
-    let runner = control_plane_runner(env, etcdutl.into_iter().collect())?;
+    // versitygw's image is the snapshot gateway on a claim.
+    let bins = kok_testenv::s3::bin_dir()?;
+    let programs = [
+        ("etcdutl".to_string(), bins.join("etcdutl")),
+        ("versitygw".to_string(), bins.join("versitygw")),
+    ];
+    let runner = control_plane_runner(env, programs.into_iter().collect())?;
     let s3 = S3Server::start(&S3Options {
         listen: runner.gateway(),
         ..Default::default()
@@ -119,7 +136,32 @@ fn base64_key() -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-fn cluster(ns: &str, name: &str, s3: &S3Server, restore_from: Option<Value>) -> Result<Cluster> {
+/// Where the snapshots of Cluster `name` go, as `spec.etcd.backup` names
+/// it (`s3` or `pvc`).
+fn destination(args: &Args, s3: &S3Server, name: &str) -> (&'static str, Value) {
+    match args.destination {
+        Destination::S3 => (
+            "s3",
+            json!({
+                "endpoint": s3.endpoint(),
+                "bucket": s3.bucket(),
+                "credentialsSecret": "s3-credentials",
+                "caSecret": "s3-ca",
+            }),
+        ),
+        Destination::Pvc => (
+            "pvc",
+            json!({"claimName": format!("{name}-snapshots-claim")}),
+        ),
+    }
+}
+
+fn cluster(
+    ns: &str,
+    name: &str,
+    (kind, destination): (&str, Value),
+    restore_from: Option<Value>,
+) -> Result<Cluster> {
     let mut c: Cluster =
         serde_norway::from_str(include_str!("../../examples/cluster-production.yaml"))?;
     c.metadata.namespace = Some(ns.into());
@@ -134,16 +176,10 @@ fn cluster(ns: &str, name: &str, s3: &S3Server, restore_from: Option<Value>) -> 
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "4Gi"}}
     }}))?;
-    let destination = json!({
-        "endpoint": s3.endpoint(),
-        "bucket": s3.bucket(),
-        "credentialsSecret": "s3-credentials",
-        "caSecret": "s3-ca",
-    });
     c.spec.etcd.backup = Some(serde_json::from_value(json!({
         "schedule": {"every": "24h"},
         "suspend": true,
-        "s3": destination,
+        kind: destination,
         "encryptionKeySecret": "backup-key",
     }))?);
     if let Some(from) = restore_from {
@@ -243,8 +279,20 @@ async fn one(
 ) -> Result<Sample> {
     let name = format!("b{objects}");
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
+    if args.destination == Destination::Pvc {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-snapshots-claim")},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}},
+        }))?;
+        Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &claim)
+            .await?;
+    }
     clusters
-        .create(&PostParams::default(), &cluster(ns, &name, s3, None)?)
+        .create(
+            &PostParams::default(),
+            &cluster(ns, &name, destination(args, s3, &name), None)?,
+        )
         .await?;
     // The API and etcd: the add-ons (the example's metrics-server has no
     // template here) do not matter to what is measured.
@@ -317,14 +365,11 @@ async fn one(
 
     // Restore into a new Cluster.
     let restored = format!("{name}-r");
+    // From where the first one's snapshots are; its own go there too.
+    let (kind, mut source) = destination(args, s3, &name);
+    source["prefix"] = json!(format!("{ns}/{name}"));
     let from = json!({
-        "s3": {
-            "endpoint": s3.endpoint(),
-            "bucket": s3.bucket(),
-            "prefix": format!("{ns}/{name}"),
-            "credentialsSecret": "s3-credentials",
-            "caSecret": "s3-ca",
-        },
+        kind: source,
         "snapshot": last.name,
         "encryptionKeySecret": "backup-key",
     });
@@ -332,7 +377,7 @@ async fn one(
     clusters
         .create(
             &PostParams::default(),
-            &cluster(ns, &restored, s3, Some(from))?,
+            &cluster(ns, &restored, destination(args, s3, &name), Some(from))?,
         )
         .await?;
     readable(client, ns, &restored, objects, args.timeout).await?;
@@ -485,8 +530,16 @@ async fn etcdctl_snapshot(client: &Client, ns: &str, name: &str) -> Result<f64> 
 
 fn table(args: &Args, samples: &[Sample]) -> String {
     let mut out = format!(
-        "\n### etcd snapshots, restores and quorum-loss rebuilds (Production, real processes, versitygw over TLS), ConfigMaps of {} bytes, one run\n\n| objects | written s | database MiB | snapshot to S3 s (request → stored) | `etcdctl snapshot save` to disk s | restore into a new Cluster s (apply → all readable) | rebuild after losing every member s (delete → all readable, from the rebuilt etcd) | … → three voters s | revisions lost (snapshot → loss) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        args.object_bytes
+        "\n### etcd snapshots, restores and quorum-loss rebuilds (Production, real processes, {}), ConfigMaps of {} bytes, one run\n\n| objects | written s | database MiB | snapshot to {} s (request → stored) | `etcdctl snapshot save` to disk s | restore into a new Cluster s (apply → all readable) | rebuild after losing every member s (delete → all readable, from the rebuilt etcd) | … → three voters s | revisions lost (snapshot → loss) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        match args.destination {
+            Destination::S3 => "versitygw over TLS",
+            Destination::Pvc => "on a claim, through the snapshot gateway over TLS",
+        },
+        args.object_bytes,
+        match args.destination {
+            Destination::S3 => "S3",
+            Destination::Pvc => "the claim",
+        },
     );
     for s in samples {
         #[allow(clippy::cast_precision_loss)]
