@@ -420,8 +420,15 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     }
 
     // The snapshot gateway on a claim snapshots go to (or come from).
-    crate::backup::gateway::converge(&ctx, &cluster, &names, &existing, &services, &deployments)
-        .await?;
+    let claim_recheck = crate::backup::gateway::converge(
+        &ctx,
+        &cluster,
+        &names,
+        &existing,
+        &services,
+        &deployments,
+    )
+    .await?;
     // A Cluster started from a snapshot: its identity first, nothing else
     // until it is there.
     if let Some(action) = crate::backup::restore::prepare(&ctx, &cluster, &names).await? {
@@ -676,6 +683,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         secrets::until_renewal(at, renew_before, OffsetDateTime::now_utc())
             .clamp(Duration::from_secs(1), IDLE_RECHECK)
     });
+    let idle = claim_recheck.map_or(idle, |soon| idle.min(soon));
     // A control plane that is ready but for its failing add-ons waits for
     // their next attempt.
     let only_addons_wait = addons_wait.filter(|_| {

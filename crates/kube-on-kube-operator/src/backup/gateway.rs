@@ -106,9 +106,14 @@ async fn claim_allowed(
     Ok(())
 }
 
+/// How soon a Cluster whose claim is missing (or not allowed) is looked at
+/// again: a claim the user makes later wakes no watch of the operator's.
+pub const CLAIM_RECHECK: Duration = Duration::from_secs(30);
+
 /// Keep the gateway as `cluster` asks: on the claim its snapshots use
 /// (its Secret, Service and Deployment), or gone. `secrets`, `services`
-/// and `deployments` are the Cluster's as the pass read them.
+/// and `deployments` are the Cluster's as the pass read them. `Some`: the
+/// claim cannot be served yet; look again this soon.
 pub async fn converge(
     ctx: &Context,
     cluster: &Cluster,
@@ -116,7 +121,7 @@ pub async fn converge(
     secrets: &BTreeMap<String, Secret>,
     services: &BTreeMap<String, Service>,
     deployments: &BTreeMap<String, Deployment>,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let name = names.snapshot_gateway();
     let ns = &names.namespace;
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
@@ -136,7 +141,7 @@ pub async fn converge(
         if secrets.contains_key(&name) {
             crate::ownership::delete_owned(&secrets_api, &name, &owner, &params).await?;
         }
-        return Ok(());
+        return Ok(None);
     };
     let now = OffsetDateTime::now_utc();
     let mut secrets = secrets.clone();
@@ -167,7 +172,7 @@ pub async fn converge(
         // Said by whoever uses it (BackupReady, Restored); nothing runs on
         // a claim that is missing or not the user's to give.
         tracing::info!(cluster = %names.cluster, reason = %refused.reason, message = %refused.message, "snapshot gateway not started");
-        return Ok(());
+        return Ok(Some(CLAIM_RECHECK));
     }
     let hash = hash_of(&secrets, std::slice::from_ref(&name), &claim.claim_name);
     let deployment = render::deployment(
@@ -186,7 +191,7 @@ pub async fn converge(
         crate::applied::generation,
     )
     .await?;
-    Ok(())
+    Ok(None)
 }
 
 /// Why the gateway's Secret must be made (anew): missing, a key missing,
