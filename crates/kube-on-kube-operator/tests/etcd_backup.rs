@@ -187,6 +187,19 @@ fn files_under(dir: &std::path::Path) -> bool {
         })
 }
 
+/// Cluster `b` (namespace, name) has `a`'s identity: the same CAs and
+/// service-account key, Secret by Secret.
+async fn assert_same_identity(client: &Client, a: (&str, &str), b: (&str, &str)) {
+    for role in kube_on_kube_operator::backup::pki::ROLES {
+        let of = |(ns, cluster): (&str, &str)| {
+            let api = Api::<Secret>::namespaced(client.clone(), ns);
+            let name = format!("{cluster}-{role}");
+            async move { api.get(&name).await.expect("identity secret").data }
+        };
+        assert_eq!(of(b).await, of(a).await, "{role}");
+    }
+}
+
 async fn set_backup(clusters: &Api<Cluster>, name: &str, backup: Value) {
     clusters
         .patch(
@@ -606,14 +619,7 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     assert_eq!(restore.snapshot, source, "latest is the one just taken");
     // Same identity: the CAs and service-account key are the first
     // Cluster's.
-    for role in kube_on_kube_operator::backup::pki::ROLES {
-        let of = |ns: &str, cluster: &str| {
-            let api = Api::<Secret>::namespaced(client.clone(), ns);
-            let name = format!("{cluster}-{role}");
-            async move { api.get(&name).await.expect("identity secret").data }
-        };
-        assert_eq!(of(&ns2, "rs").await, of(&ns, name).await, "{role}");
-    }
+    assert_same_identity(&client, (&ns, name), (&ns2, "rs")).await;
     // Same data: every object written before the snapshot.
     let business2 = business_client(&client, &ns2, "rs").await;
     let maps2: Api<ConfigMap> = Api::namespaced(business2, "default");
@@ -1366,14 +1372,7 @@ async fn snapshots_on_a_claim_go_through_the_gateway_rebuild_the_cluster_and_sta
     );
     let restore = c2.status.clone().expect("status").restore.expect("restore");
     assert_eq!(restore.snapshot, taken[2], "latest on the claim");
-    for role in kube_on_kube_operator::backup::pki::ROLES {
-        let of = |cluster: &str| {
-            let api = Api::<Secret>::namespaced(client.clone(), &ns);
-            let name = format!("{cluster}-{role}");
-            async move { api.get(&name).await.expect("identity secret").data }
-        };
-        assert_eq!(of("pc2").await, of(name).await, "{role}");
-    }
+    assert_same_identity(&client, (&ns, name), (&ns, "pc2")).await;
     let maps2: Api<ConfigMap> =
         Api::namespaced(business_client(&client, &ns, "pc2").await, "default");
     assert_eq!(
