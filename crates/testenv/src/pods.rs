@@ -159,10 +159,12 @@ impl PodRunner {
             images.insert(name, program.clone());
         }
         let run_id = net::run_id();
-        // One /24 per runner, chosen from the process id so concurrent test
-        // binaries do not collide.
-        let pid = std::process::id();
-        let base = [10, 214 + ((pid >> 8) % 24) as u8, (pid % 256) as u8];
+        // One /24 per runner, claimed under a lock shared by every test
+        // process, so runners side by side never share one.
+        let base = net::claim_subnet().map_err(|source| Error::Io {
+            what: "claiming a Pod subnet under /run/kok-testenv".into(),
+            source,
+        })?;
         let net = PodNetwork::create(&run_id, base)?;
         let gateway = net.gateway();
         let state = env.log_dir().join(format!("pods-state-{run_id}"));

@@ -225,6 +225,18 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
     after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// `pid start-time` of a process, so that a reused pid is not mistaken for it.
+pub fn process_identity(pid: u32) -> Option<String> {
+    process_start_time(pid).map(|start| format!("{pid} {start}"))
+}
+
+/// The pid a record of [`process_identity`] names, if that very process
+/// still runs.
+pub fn identity_alive(record: &str) -> Option<u32> {
+    let pid: u32 = record.split_whitespace().next()?.parse().ok()?;
+    (process_identity(pid).as_deref() == Some(record.trim()) && is_running(pid)).then_some(pid)
+}
+
 /// True if `pid` exists and has not exited (zombies count as gone).
 pub fn is_running(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

@@ -28,20 +28,13 @@ pub fn lock() -> Result<FileLock, Error> {
     FileLock::acquire(&path).map_err(Error::io(path))
 }
 
-/// `pid start-time` of a process, so that a reused pid is not mistaken for it.
-fn identity(pid: u32) -> Option<String> {
-    sys::process_start_time(pid).map(|start| format!("{pid} {start}"))
-}
-
 /// True if the process recorded in `file` (by [`record_process`]) still runs.
 fn recorded_process_alive(file: &Path) -> Option<u32> {
-    let record = fs::read_to_string(file).ok()?;
-    let pid: u32 = record.split_whitespace().next()?.parse().ok()?;
-    (identity(pid).as_deref() == Some(record.trim()) && sys::is_running(pid)).then_some(pid)
+    sys::identity_alive(&fs::read_to_string(file).ok()?)
 }
 
 pub fn record_process(file: &Path, pid: u32) -> Result<(), Error> {
-    let record = identity(pid).unwrap_or_else(|| format!("{pid} 0"));
+    let record = sys::process_identity(pid).unwrap_or_else(|| format!("{pid} 0"));
     fs::write(file, record).map_err(Error::io(file))
 }
 

@@ -9,9 +9,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::Error;
 use super::supervisor;
 
-/// How many finished runs keep their logs, besides runs still in progress. One
-/// `cargo test` runs several test binaries, each a run of its own.
+/// How many finished runs keep their logs at least, besides runs still in
+/// progress. Every test is a run of its own under nextest (a process per
+/// test), so runs younger than [`KEEP_FINISHED_FOR`] are kept too: a failed
+/// test's logs outlive the rest of its suite.
 const KEEP_FINISHED_RUNS: usize = 10;
+const KEEP_FINISHED_FOR: u64 = 6 * 3600;
 
 const STATE_PREFIX: &str = "kok-kube-env-";
 
@@ -97,8 +100,14 @@ fn prune_runs(root: &Path, current: &Path) {
         })
         .collect();
     finished.sort_by_key(|run| std::cmp::Reverse(run.0));
-    for (_, dir) in finished.into_iter().skip(KEEP_FINISHED_RUNS) {
-        let _ = std::fs::remove_dir_all(dir);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    for (started, dir) in finished.into_iter().skip(KEEP_FINISHED_RUNS) {
+        if now.saturating_sub(started) > KEEP_FINISHED_FOR {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

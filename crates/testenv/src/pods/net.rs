@@ -176,6 +176,40 @@ impl Drop for PodNetwork {
 
 /// Run id of this process: its PID in hex, so leftovers of a killed run can be
 /// recognised (their PID is gone) and removed by the next run.
+/// The /24s runners may have: `10.214.0.0/24` to `10.237.255.0/24`.
+const SUBNETS: u32 = 24 * 256;
+/// Where each claimed /24 names the process holding it (`<k>`: `pid start`).
+const CLAIMS: &str = "/run/kok-testenv/pod-subnets";
+
+/// Claims a /24 for this process's runner: the first one from a place its
+/// pid picks that no live process holds (or this one already holds). Test
+/// processes run side by side, and two runners on one /24 would route each
+/// other's Pods to the wrong bridge.
+pub(crate) fn claim_subnet() -> std::io::Result<[u8; 3]> {
+    let claims = std::path::Path::new(CLAIMS);
+    std::fs::create_dir_all(claims)?;
+    let _lock = crate::sys::FileLock::acquire(&claims.join(".lock"))?;
+    let pid = std::process::id();
+    let mine = crate::sys::process_identity(pid).unwrap_or_else(|| format!("{pid} 0"));
+    for step in 0..SUBNETS {
+        let k = (pid + step) % SUBNETS;
+        let file = claims.join(k.to_string());
+        match std::fs::read_to_string(&file) {
+            Ok(record)
+                if record.trim() != mine && crate::sys::identity_alive(&record).is_some() =>
+            {
+                continue;
+            }
+            _ => {}
+        }
+        std::fs::write(&file, &mine)?;
+        return Ok([10, 214 + (k / 256) as u8, (k % 256) as u8]);
+    }
+    Err(std::io::Error::other(format!(
+        "every Pod subnet in {CLAIMS} is held by a live process"
+    )))
+}
+
 pub fn run_id() -> String {
     format!("{:x}", std::process::id())
 }
