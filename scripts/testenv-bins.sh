@@ -68,6 +68,11 @@ fi
 
 command -v go >/dev/null || { echo "go is required to build the test binaries" >&2; exit 1; }
 mkdir -p "$bin" "$dir/src"
+# One build at a time per cache directory: scripts/node-software.sh asks for
+# --kubelet-next and --e2e while scripts/test.sh or CI may ask for the rest.
+# shellcheck source=cache-lock.sh
+. "$(dirname "$0")/cache-lock.sh"
+cache_lock "$dir" testenv-bins have_all "$bin"
 start=$(date +%s)
 log() { echo "[testenv-bins] $*" >&2; }
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
