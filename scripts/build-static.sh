@@ -4,7 +4,7 @@
 #
 #   scripts/build-static.sh [BINARY...]    default: kube-on-kube-operator node-operator
 #
-# Output: target/<triple>/release/<binary>. The triple is <arch>-unknown-linux-musl
+# Output: ${CARGO_TARGET_DIR:-target}/<triple>/release/<binary>. The triple is <arch>-unknown-linux-musl
 # for this machine's architecture (KOK_STATIC_TARGET overrides it). The musl target
 # is added with rustup when it is missing. Where no musl target can be had,
 # KOK_STATIC_TARGET=x86_64-unknown-linux-gnu builds a glibc binary with
@@ -60,7 +60,7 @@ log "building ${binaries[*]} for $target"
 cargo build --release --locked --target "$target" "${args[@]}"
 
 for bin in "${binaries[@]}"; do
-    path="target/$target/release/$bin"
+    path="${CARGO_TARGET_DIR:-target}/$target/release/$bin"
     if command -v file >/dev/null 2>&1; then
         description="$(file -b "$path")"
         log "$path: $description"

@@ -24,6 +24,9 @@
 #   scripts/conformance.sh --cluster clusters/prod-east --procs 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Cargo's target directory is cached outside the repository, as
+# scripts/test.sh keeps it, so the two share their builds.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}/target}
 
 cluster=default/ci
 focus=''
@@ -53,11 +56,19 @@ git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit="$co
 if [ -x scripts/testhost-deps.sh ]; then scripts/testhost-deps.sh; fi
 KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh --e2e | tail -n 1)
 export KOK_TESTENV_BIN_DIR
-scripts/node-software.sh target/node-software-logs
+scripts/node-software.sh "$CARGO_TARGET_DIR/node-software-logs"
 scripts/node-images.sh --e2e >/dev/null
-cargo build --bin kube-on-kube-operator --bin node-operator --bin kubectl-kok \
-  --bin kok-dev-env --bin kok-pod-exec --bin kok-testhost
-target=${CARGO_TARGET_DIR:-target}/debug
+# KOK_DEV_OPERATORS_DIR names a directory where the workspace's binaries are
+# built already (scripts/test.sh's build, for the conformance test): then
+# nothing is built here, and no build with other features than the test
+# build's runs inside a test.
+if [ -n "${KOK_DEV_OPERATORS_DIR:-}" ]; then
+  target=$KOK_DEV_OPERATORS_DIR
+else
+  cargo build --bin kube-on-kube-operator --bin node-operator --bin kubectl-kok \
+    --bin kok-dev-env --bin kok-pod-exec --bin kok-testhost
+  target=$CARGO_TARGET_DIR/debug
+fi
 bin=$KOK_TESTENV_BIN_DIR
 export PATH="$bin:$PATH"
 

@@ -15,15 +15,18 @@
 # them are relative to the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Cargo's target directory is cached outside the repository, as
+# scripts/test.sh keeps it, so the two share their builds.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}/target}
 
 if [ -x scripts/testhost-deps.sh ]; then
   scripts/testhost-deps.sh
 fi
 KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh | tail -n 1)
 export KOK_TESTENV_BIN_DIR
-scripts/node-software.sh target/node-software-logs
+scripts/node-software.sh "$CARGO_TARGET_DIR/node-software-logs"
 cargo build --bin kube-on-kube-operator --bin node-operator --bin kokctl --bin kubectl-kok \
   --bin kok-dev-env --bin kok-pod-exec --bin kok-testhost
-target=${CARGO_TARGET_DIR:-target}/debug
+target=$CARGO_TARGET_DIR/debug
 export KOK_DEV_OPERATORS_DIR=${KOK_DEV_OPERATORS_DIR:-$target}
 exec "$target/kok-dev-env" "$@"

@@ -23,7 +23,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-logs=${1:-$here/../target/node-software-logs}
+logs=${1:-${CARGO_TARGET_DIR:-$here/../target}/node-software-logs}
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 

@@ -7,15 +7,33 @@
 #
 # First it installs the Debian packages the test hosts and the builds need
 # (scripts/testhost-deps.sh; needs root), builds the upstream binaries
-# (scripts/testenv-bins.sh) and the worker nodes' software
-# (scripts/node-software.sh: registry, node artifacts, images; needs root),
-# all cached outside the repository (a warm cache takes a second), so that no
-# test waits for a build. The node software builds in the background, at the
-# lowest priority, while cargo builds the workspace and the tests; its
-# progress lines are printed as they come, and its logs are in
-# target/node-software-logs. Extra arguments go to `cargo test`.
+# (scripts/testenv-bins.sh), the test runner (scripts/nextest.sh:
+# cargo-nextest) and the worker nodes' software (scripts/node-software.sh:
+# registry, node artifacts, images; needs root), all cached outside the
+# repository (a warm cache takes a second). Cargo's target directory is
+# cached there too (CARGO_TARGET_DIR, default
+# ${KOK_TESTENV_DIR:-~/.cache/kube-on-kube}/target), so a fresh clone
+# recompiles the workspace's own crates only.
+#
+# The test binaries run side by side under cargo-nextest
+# (.config/nextest.toml: test groups cap the heavy ones, a test running ten
+# minutes is killed and named, a JUnit report). While the node software is
+# still building, the tests that do not need it run first; the rest run once
+# it is there. At the end a table gives each test binary's time
+# (scripts/test-times.py), and the JUnit reports are under
+# $CARGO_TARGET_DIR/nextest/.
+#
+#   scripts/test.sh                      # everything
+#   scripts/test.sh -p node-operator     # arguments go to `cargo nextest run`
+#   scripts/test.sh -E 'binary(machine)'
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+cache=${KOK_TESTENV_DIR:-$HOME/.cache/kube-on-kube}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$cache/target}
+mkdir -p "$CARGO_TARGET_DIR"
+t0=$(date +%s)
+phase() { echo "=== test.sh: $* (+$(($(date +%s) - t0))s)"; }
 
 if [ -x scripts/testhost-deps.sh ]; then
   scripts/testhost-deps.sh
@@ -24,23 +42,87 @@ KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh | tail -n 1)
 export KOK_TESTENV_BIN_DIR
 echo "test binaries: $KOK_TESTENV_BIN_DIR"
 
-# In a session of its own, so that stopping it stops its builds too.
-setsid scripts/node-software.sh target/node-software-logs &
+# In sessions of their own, so that stopping this script stops their builds.
+logs="$CARGO_TARGET_DIR/node-software-logs"
+setsid scripts/node-software.sh "$logs" &
 node_software=$!
-trap 'kill -- -$node_software 2>/dev/null || true' EXIT
+setsid bash -c 'nice -n 10 scripts/nextest.sh > "$1" 2>&1' _ "$CARGO_TARGET_DIR/nextest-install.log" &
+nextest_install=$!
+trap 'kill -- -$node_software -$nextest_install ${doctests:+-$doctests} 2>/dev/null || true' EXIT
 
-# A test binary still running after this (the longest takes under 7 minutes)
-# prints its threads' stacks and fails, rather than running the whole test run
-# out of time (crates/testenv/src/watchdog.rs).
-export KOK_TEST_BINARY_TIMEOUT="${KOK_TEST_BINARY_TIMEOUT:-20m}"
-# The dev environment's test runs the operator binaries, which cargo test does
-# not build for it.
-cargo build --workspace --bins
-cargo test --workspace --no-run "$@"
-
-if ! wait "$node_software"; then
-  echo "building the worker nodes' software failed (see above)" >&2
+# A test still running after this prints its threads' stacks and fails
+# (crates/testenv/src/watchdog.rs), before nextest's own limit (ten
+# minutes, .config/nextest.toml) kills it without them.
+export KOK_TEST_BINARY_TIMEOUT="${KOK_TEST_BINARY_TIMEOUT:-9m}"
+# One build of the whole workspace, with one set of features: it builds
+# every package's binaries too (the dev environment's test runs the
+# operators' binaries), so no separate `cargo build` compiles the
+# dependencies a second time with other features. It is the build nextest
+# asks cargo for, made while nextest itself may still be compiling.
+phase "building the workspace and its tests"
+cargo test --workspace --no-run
+if ! wait "$nextest_install"; then
+  cat "$CARGO_TARGET_DIR/nextest-install.log" >&2
+  echo "installing cargo-nextest failed (scripts/nextest.sh)" >&2
   exit 1
 fi
+PATH="$(tail -n 1 "$CARGO_TARGET_DIR/nextest-install.log"):$PATH"
+export PATH
+cargo nextest --version
+cargo nextest run --workspace --no-run
+
+wait_node_software() {
+  if ! wait "$node_software"; then
+    echo "building the worker nodes' software failed (see above)" >&2
+    exit 1
+  fi
+}
+
+# The tests that run worker nodes' software: real workers, the dev
+# environment, the conformance suite, S3 storage, the packages' checksums.
+needs_node_software='binary_id(kube-on-kube-operator::real_workers)
+  | binary_id(kube-on-kube-operator::etcd_backup)
+  | binary_id(kube-on-kube-operator::backup_store)
+  | binary_id(kok-testenv::dev_env)
+  | binary_id(kok-testenv::conformance)
+  | binary_id(kok-testenv::node_runtime)
+  | test(the_example_package_versions_are_what_the_script_prints)'
+
+# nextest runs no doctests; cargo does, beside the first tests.
+setsid nice -n 10 cargo test --workspace --doc >"$CARGO_TARGET_DIR/doctests.log" 2>&1 &
+doctests=$!
+
+reports="$CARGO_TARGET_DIR/nextest/reports"
+rm -rf "$reports" && mkdir -p "$reports"
+status=0
+run() {
+  local name=$1
+  shift
+  phase "running the tests: $name"
+  cargo nextest run --workspace "$@" || status=$?
+  cp "$CARGO_TARGET_DIR/nextest/default/junit.xml" "$reports/$name.xml" 2>/dev/null || true
+}
+if [ $# -gt 0 ]; then
+  wait_node_software
+  run selected "$@"
+elif kill -0 "$node_software" 2>/dev/null; then
+  run "without-node-software" -E "not ($needs_node_software)"
+  phase "waiting for the worker nodes' software"
+  wait_node_software
+  run "with-node-software" -E "$needs_node_software"
+else
+  wait_node_software
+  run all
+fi
+phase "doctests"
+if wait "$doctests"; then
+  grep -E '^test result:' "$CARGO_TARGET_DIR/doctests.log" | grep -v ' 0 passed; 0 failed' || true
+else
+  cat "$CARGO_TARGET_DIR/doctests.log"
+  echo "the doctests failed (cargo test --workspace --doc)" >&2
+  status=1
+fi
 trap - EXIT
-exec cargo test --workspace "$@"
+phase "done"
+python3 scripts/test-times.py "$reports"/*.xml || true
+exit $status

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Prints a table of each test binary's time from nextest's JUnit reports.
+
+    scripts/test-times.py REPORT.xml [REPORT.xml ...]
+
+One row per test binary, slowest first: its tests, how many failed, the sum
+of its tests' times, its longest test, and its span (first start to last
+end, when the report has start times): the span is what the binary adds to
+a run's wall time when nothing else runs beside it. The budget
+(docs/testing.md) is six minutes per binary; a binary over it is marked.
+"""
+
+import sys
+import xml.etree.ElementTree as ET
+from datetime import datetime
+
+BUDGET = 360.0
+
+
+def parse_time(text):
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def main(paths):
+    binaries = {}
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError) as e:
+            print(f"test-times: {path}: {e}", file=sys.stderr)
+            continue
+        for case in root.iter("testcase"):
+            binary = case.get("classname") or "?"
+            took = float(case.get("time") or 0)
+            start = parse_time(case.get("timestamp"))
+            failed = case.find("failure") is not None or case.find("error") is not None
+            b = binaries.setdefault(
+                binary, {"tests": 0, "failed": 0, "sum": 0.0, "longest": ("", 0.0), "spans": []}
+            )
+            b["tests"] += 1
+            b["failed"] += int(failed)
+            b["sum"] += took
+            if took > b["longest"][1]:
+                b["longest"] = (case.get("name", ""), took)
+            if start is not None:
+                b["spans"].append((start, start + took))
+    if not binaries:
+        print("test-times: no test cases in the reports")
+        return
+    rows = []
+    for name, b in binaries.items():
+        span = None
+        if b["spans"]:
+            span = max(e for _, e in b["spans"]) - min(s for s, _ in b["spans"])
+        rows.append((name, b, span))
+    rows.sort(key=lambda r: -(r[2] if r[2] is not None else r[1]["sum"]))
+    width = max(len(r[0]) for r in rows)
+    print()
+    print(f"{'test binary':<{width}}  tests  failed    span s   sum s  longest test")
+    total_tests = total_failed = 0
+    total_sum = 0.0
+    for name, b, span in rows:
+        total_tests += b["tests"]
+        total_failed += b["failed"]
+        total_sum += b["sum"]
+        shown = span if span is not None else b["sum"]
+        mark = "  OVER BUDGET" if shown > BUDGET else ""
+        longest, longest_s = b["longest"]
+        print(
+            f"{name:<{width}}  {b['tests']:>5}  {b['failed']:>6}  "
+            f"{shown:>8.1f}  {b['sum']:>6.1f}  {longest} ({longest_s:.1f} s){mark}"
+        )
+    print(f"{len(rows)} binaries, {total_tests} tests, {total_failed} failed, {total_sum:.0f} test-seconds")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
