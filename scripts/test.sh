@@ -21,7 +21,7 @@
 # still building, the tests that do not need it run first; the rest run once
 # it is there. At the end a table gives each test binary's time
 # (scripts/test-times.py), and the JUnit reports are under
-# $CARGO_TARGET_DIR/nextest/.
+# target/nextest/reports/.
 #
 #   scripts/test.sh                      # everything
 #   scripts/test.sh -p node-operator     # arguments go to `cargo nextest run`
@@ -92,7 +92,9 @@ needs_node_software='binary_id(kube-on-kube-operator::real_workers)
 setsid nice -n 10 cargo test --workspace --doc >"$CARGO_TARGET_DIR/doctests.log" 2>&1 &
 doctests=$!
 
-reports="$CARGO_TARGET_DIR/nextest/reports"
+# nextest keeps its store in the workspace's target/nextest, whatever
+# CARGO_TARGET_DIR says.
+reports=target/nextest/reports
 rm -rf "$reports" && mkdir -p "$reports"
 status=0
 run() {
@@ -100,7 +102,7 @@ run() {
   shift
   phase "running the tests: $name"
   cargo nextest run --workspace "$@" || status=$?
-  cp "$CARGO_TARGET_DIR/nextest/default/junit.xml" "$reports/$name.xml" 2>/dev/null || true
+  cp target/nextest/default/junit.xml "$reports/$name.xml" 2>/dev/null || true
 }
 if [ $# -gt 0 ]; then
   wait_node_software
