@@ -590,8 +590,17 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         async || api.get(&["-n", "demo", "configmap", "demo-settings"]),
     )
     .await;
-    let after = applied_at(&maps).await;
-    assert!(after["demo"] > before["demo"], "{before:?} {after:?}");
+    // The inventory is written after the pass's objects, so the object can
+    // be back a moment before the inventory says so.
+    let after = wait_for(
+        "the inventory to record demo applied again",
+        Duration::from_secs(30),
+        async || {
+            let after = applied_at(&maps).await;
+            (after["demo"] > before["demo"]).then_some(after)
+        },
+    )
+    .await;
     for name in [
         "bootstrap",
         "node-operator",
