@@ -16,8 +16,8 @@
 # recompiles the workspace's own crates only.
 #
 # The test binaries run side by side under cargo-nextest
-# (.config/nextest.toml: test groups cap the heavy ones, a test running ten
-# minutes is killed and named, a JUnit report). While the node software is
+# (.config/nextest.toml: test groups cap the heavy ones, a test running too
+# long is killed and named, a JUnit report). While the node software is
 # still building, the tests that do not need it run first; the rest run once
 # it is there. At the end a table gives each test binary's time
 # (scripts/test-times.py), and the JUnit reports are under
@@ -51,9 +51,10 @@ nextest_install=$!
 trap 'kill -- -$node_software -$nextest_install ${doctests:+-$doctests} 2>/dev/null || true' EXIT
 
 # A test still running after this prints its threads' stacks and fails
-# (crates/testenv/src/watchdog.rs), before nextest's own limit (ten
-# minutes, .config/nextest.toml) kills it without them.
-export KOK_TEST_BINARY_TIMEOUT="${KOK_TEST_BINARY_TIMEOUT:-9m}"
+# (crates/testenv/src/watchdog.rs), before nextest's own limit for the
+# control-plane group (15 minutes, .config/nextest.toml) kills it without
+# them; other tests nextest stops at 10.
+export KOK_TEST_BINARY_TIMEOUT="${KOK_TEST_BINARY_TIMEOUT:-14m}"
 # One build of the whole workspace, with one set of features: it builds
 # every package's binaries too (the dev environment's test runs the
 # operators' binaries), so no separate `cargo build` compiles the
