@@ -169,6 +169,7 @@ pub(crate) async fn on_every_host(
     let timeouts = Timeouts {
         connect: Duration::from_secs(30),
         run: Duration::from_secs(300),
+        ..Timeouts::default()
     };
     let work = &work;
     let meter = Meter::start();

@@ -47,6 +47,9 @@ pub struct Settings {
     pub node_wait: Duration,
     /// Longest a drain may take.
     pub drain_timeout: Duration,
+    /// First wait before a failed Machine is tried again; it doubles with
+    /// each failure in a row.
+    pub retry_backoff: Duration,
     /// How long a deleted Machine's host may stay unreachable before the
     /// Machine is released without cleaning it.
     pub offboard_timeout: Duration,
@@ -68,6 +71,7 @@ impl Default for Settings {
             recheck: Duration::from_secs(300),
             node_wait: Duration::from_secs(120),
             drain_timeout: Duration::from_secs(300),
+            retry_backoff: Duration::from_secs(2),
             offboard_timeout: Duration::from_secs(600),
             cluster_dns: "10.96.0.10".into(),
             cluster_domain: "cluster.local".into(),
@@ -144,11 +148,11 @@ impl Context {
             client,
             gate: rollout::Gate::default(),
             ssh_slots: Semaphore::new(settings.ssh_concurrency.max(1)),
+            backoff: Backoff::new(settings.retry_backoff, backoff_max(settings.retry_backoff)),
             settings,
             sessions: Pool::default(),
             remediations,
             checked: Mutex::default(),
-            backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
             attempts: Mutex::default(),
             versions: Mutex::default(),
             caches: OnceLock::new(),
@@ -323,14 +327,18 @@ impl Context {
     }
 }
 
-/// A failed Machine's first retry; it doubles up to [`BACKOFF_MAX`].
-const BACKOFF_FIRST: Duration = Duration::from_secs(2);
+/// The longest wait between two attempts of a failing Machine, unless the
+/// first one (`--retry-backoff`) is longer.
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
-/// Backoff for a Machine after `failures` consecutive failures: 2 s doubling
-/// to 5 minutes.
-pub fn backoff(failures: u32) -> Duration {
-    kok_common::backoff::delay(failures, BACKOFF_FIRST, BACKOFF_MAX)
+fn backoff_max(first: Duration) -> Duration {
+    BACKOFF_MAX.max(first)
+}
+
+/// Backoff for a Machine after `failures` consecutive failures: `first`
+/// doubling up to 5 minutes (or `first`, when longer).
+pub fn backoff(first: Duration, failures: u32) -> Duration {
+    kok_common::backoff::delay(failures, first, backoff_max(first))
 }
 
 #[cfg(test)]
@@ -339,9 +347,17 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_five_minutes() {
-        assert_eq!(backoff(1), Duration::from_secs(2));
-        assert_eq!(backoff(2), Duration::from_secs(4));
-        assert_eq!(backoff(5), Duration::from_secs(32));
-        assert_eq!(backoff(30), Duration::from_secs(300));
+        let first = Duration::from_secs(2);
+        assert_eq!(backoff(first, 1), Duration::from_secs(2));
+        assert_eq!(backoff(first, 2), Duration::from_secs(4));
+        assert_eq!(backoff(first, 5), Duration::from_secs(32));
+        assert_eq!(backoff(first, 30), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn a_first_wait_longer_than_five_minutes_is_kept() {
+        let first = Duration::from_secs(600);
+        assert_eq!(backoff(first, 1), first);
+        assert_eq!(backoff(first, 4), first);
     }
 }

@@ -44,6 +44,12 @@ struct Args {
     /// Longest one step on a host may run (a download, a health check).
     #[arg(long, env = "KOK_SSH_STEP_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     ssh_step_timeout: Duration,
+    /// How often an SSH connection is probed while nothing else crosses it;
+    /// a host that leaves three probes in a row unanswered (gone, cut off)
+    /// fails the step in flight as unreachable, so a lost host is noticed
+    /// within about four of these.
+    #[arg(long, env = "KOK_SSH_KEEPALIVE_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    ssh_keepalive_interval: Duration,
     /// How often a Ready Machine's host is re-checked over SSH: services
     /// active (else restarted), versions as declared (else reinstalled).
     #[arg(long, env = "KOK_RECHECK_INTERVAL", default_value = "5m", value_parser = parse_duration)]
@@ -56,6 +62,13 @@ struct Args {
     /// take; Pods a PodDisruptionBudget protects are retried until then.
     #[arg(long, env = "KOK_DRAIN_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     drain_timeout: Duration,
+    /// First wait before a Machine whose reconcile failed (host unreachable,
+    /// a download or an API call failed) is tried again; each further
+    /// failure in a row doubles it, up to 5 minutes (or this wait, when
+    /// longer). Updates of the Machine do not cut it short; a change of its
+    /// spec is tried at once.
+    #[arg(long, env = "KOK_RETRY_BACKOFF", default_value = "2s", value_parser = parse_duration)]
+    retry_backoff: Duration,
     /// How long a deleted Machine's host may stay unreachable before the
     /// Machine is released without cleaning the host (with a Warning Event).
     #[arg(long, env = "KOK_OFFBOARD_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
@@ -107,10 +120,12 @@ async fn main() -> anyhow::Result<()> {
         ssh_timeouts: Timeouts {
             connect: args.ssh_connect_timeout,
             run: args.ssh_step_timeout,
+            keepalive: args.ssh_keepalive_interval,
         },
         recheck: args.recheck_interval,
         node_wait: args.node_wait,
         drain_timeout: args.drain_timeout,
+        retry_backoff: args.retry_backoff,
         offboard_timeout: args.offboard_timeout,
         cluster_dns: args.cluster_dns,
         cluster_domain: args.cluster_domain,

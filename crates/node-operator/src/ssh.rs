@@ -89,13 +89,20 @@ pub struct Timeouts {
     pub connect: Duration,
     /// One script, from start to exit.
     pub run: Duration,
+    /// How often a connection that carries nothing is probed; after
+    /// [`KEEPALIVE_PROBES`] unanswered probes the host is unreachable.
+    pub keepalive: Duration,
 }
+
+/// Unanswered keepalive probes after which a connection counts as lost.
+pub const KEEPALIVE_PROBES: u32 = 3;
 
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
             connect: Duration::from_secs(10),
             run: Duration::from_secs(600),
+            keepalive: Duration::from_secs(5),
         }
     }
 }
@@ -139,7 +146,7 @@ impl Session {
         write_private(
             &config,
             &format!(
-                "GlobalKnownHostsFile /dev/null\nUserKnownHostsFile {}\nStrictHostKeyChecking yes\nUpdateHostKeys no\nHashKnownHosts no\nServerAliveCountMax 3\nLogLevel ERROR\n",
+                "GlobalKnownHostsFile /dev/null\nUserKnownHostsFile {}\nStrictHostKeyChecking yes\nUpdateHostKeys no\nHashKnownHosts no\nServerAliveCountMax {KEEPALIVE_PROBES}\nLogLevel ERROR\n",
                 known_hosts.display()
             ),
         )?;
@@ -153,7 +160,7 @@ impl Session {
             .user_known_hosts_file(&known_hosts)
             .known_hosts_check(KnownHosts::Strict)
             .connect_timeout(timeouts.connect)
-            .server_alive_interval(Duration::from_secs(5))
+            .server_alive_interval(timeouts.keepalive)
             .control_directory(dir.path());
         let destination = target.ip.to_string();
         // ssh's ConnectTimeout covers TCP only; a host that accepts and then

@@ -23,6 +23,7 @@ fn timeouts() -> Timeouts {
     Timeouts {
         connect: Duration::from_secs(3),
         run: Duration::from_secs(60),
+        ..Timeouts::default()
     }
 }
 
