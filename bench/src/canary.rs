@@ -171,6 +171,7 @@ async fn node_operator(args: &Args) -> Result<Sample> {
         kwok_nodes: 1,
         install_crds: true,
         controller_manager_qps: None,
+        node_monitor_grace: None,
     })
     .context("start the business cluster")?;
     let client = env.client().await;

@@ -117,6 +117,7 @@ pub(crate) fn meta_cluster() -> Result<&'static KubeEnv> {
             kwok_nodes: 0,
             install_crds: true,
             controller_manager_qps: None,
+            node_monitor_grace: None,
         })
         .context("start the meta-cluster")?,
     )))

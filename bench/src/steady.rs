@@ -71,6 +71,7 @@ pub async fn run(args: Args) -> Result<()> {
         kwok_nodes: 1,
         install_crds: true,
         controller_manager_qps: None,
+        node_monitor_grace: None,
     })
     .context("start the business cluster")?;
     let client = env.client().await;

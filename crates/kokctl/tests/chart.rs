@@ -713,6 +713,7 @@ async fn installed_chart_runs_both_operators_with_their_own_service_accounts() {
             kwok_nodes: 2,
             install_crds: false,
             controller_manager_qps: None,
+            node_monitor_grace: None,
         })
     })
     .await

@@ -228,6 +228,7 @@ async fn without_crds_the_error_says_to_install_them() {
             kwok_nodes: 0,
             install_crds: false,
             controller_manager_qps: None,
+            node_monitor_grace: None,
         })
     })
     .await

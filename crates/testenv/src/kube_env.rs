@@ -56,6 +56,13 @@ pub struct Options {
     /// requests a second they, not the operator, set how fast hundreds of
     /// Clusters come up.
     pub controller_manager_qps: Option<u32>,
+    /// kube-controller-manager's `--node-monitor-grace-period`: how long a
+    /// Node may go without a heartbeat (a Lease renewal or a status update)
+    /// before it is marked NotReady. None: five minutes with kwok nodes
+    /// (see [`PATIENT_NODE_GRACE`]), else the controller-manager's default
+    /// (50 s). A test that stops a kubelet and waits for its Node to turn
+    /// NotReady waits this long; its kubelets must renew well within it.
+    pub node_monitor_grace: Option<Duration>,
 }
 
 impl Default for Options {
@@ -66,6 +73,7 @@ impl Default for Options {
             kwok_nodes: 0,
             install_crds: true,
             controller_manager_qps: None,
+            node_monitor_grace: None,
         }
     }
 }
@@ -77,7 +85,15 @@ const SHARED_OPTIONS: Options = Options {
     kwok_nodes: 3,
     install_crds: true,
     controller_manager_qps: None,
+    node_monitor_grace: None,
 };
+
+/// The NotReady grace of environments with simulated nodes. They test
+/// control planes, not node failure: simulated nodes and Pod-runner nodes
+/// renew their Leases through the same loaded API server as everything
+/// else, and a late renewal would mark every Pod on them not ready, which
+/// kwok never sets back.
+pub const PATIENT_NODE_GRACE: Duration = Duration::from_secs(300);
 
 /// Upper bounds for each start step; generous because test binaries often start
 /// while other crates are still compiling on the same cores.
@@ -233,9 +249,10 @@ async fn boot(workdir: Workdir, opts: Options) -> Result<KubeEnv, Error> {
             &pki,
             &kubeconfig_path,
             &workdir.state.join("controller-manager"),
-            // Environments with simulated nodes test control planes, not node
-            // failure; the node-operator's own, without them, see Nodes fail.
-            opts.kwok_nodes > 0,
+            // The node-operator's environments, without simulated nodes, see
+            // Nodes fail.
+            opts.node_monitor_grace
+                .or((opts.kwok_nodes > 0).then_some(PATIENT_NODE_GRACE)),
             opts.controller_manager_qps,
         )?;
         let log = workdir.logs.join("kube-controller-manager.log");

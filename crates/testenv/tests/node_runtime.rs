@@ -179,6 +179,7 @@ fn hosts_run_containerd_pods_and_kubelets_side_by_side() {
             kwok_nodes: 0,
             install_crds: false,
             controller_manager_qps: None,
+            node_monitor_grace: None,
         })
         .map_err(|e| e.report())
     });

@@ -8,6 +8,11 @@
 //! Ready and its Lease renewed. It runs no Pods: Pods bound to its Node that
 //! are being deleted are released, as a kubelet does once they stopped.
 //!
+//! Like the kubelet, it renews every quarter of the configuration's
+//! `nodeLeaseDurationSeconds` (40 s unless set), so tests whose
+//! controller-manager marks a silent Node NotReady after a short grace give
+//! it a short lease.
+//!
 //! It takes the real kubelet's flags (`--config`, `--bootstrap-kubeconfig`,
 //! `--kubeconfig`, `--hostname-override`, `--node-ip`, `--node-labels`) and
 //! ignores those it has no use for; `--version` prints the version it was
@@ -32,7 +37,8 @@ use kube::{Client, Config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const HEARTBEAT: Duration = Duration::from_secs(10);
+/// The kubelet's default `nodeLeaseDurationSeconds`.
+const LEASE_DURATION: Duration = Duration::from_secs(40);
 
 #[derive(Debug, Default)]
 struct Args {
@@ -83,13 +89,45 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Args> {
     Ok(out)
 }
 
-/// `registerWithTaints` of the KubeletConfiguration file.
-fn register_taints(config: &str) -> anyhow::Result<Vec<Taint>> {
-    let value: serde_json::Value =
-        serde_norway::from_str(config).context("parsing the kubelet config")?;
-    match value.get("registerWithTaints") {
-        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
-        Some(taints) => Ok(serde_json::from_value(taints.clone()).context("registerWithTaints")?),
+/// What the test kubelet takes from the KubeletConfiguration file.
+#[derive(Debug)]
+struct KubeletConfig {
+    /// `registerWithTaints`.
+    taints: Vec<Taint>,
+    /// How often the Node's status and Lease are renewed: a quarter of
+    /// `nodeLeaseDurationSeconds`, as the kubelet renews its Lease.
+    heartbeat: Duration,
+}
+
+impl KubeletConfig {
+    fn parse(config: &str) -> anyhow::Result<KubeletConfig> {
+        let value: serde_json::Value =
+            serde_norway::from_str(config).context("parsing the kubelet config")?;
+        let taints = match value.get("registerWithTaints") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(taints) => serde_json::from_value(taints.clone()).context("registerWithTaints")?,
+        };
+        let lease = match value.get("nodeLeaseDurationSeconds") {
+            None | Some(serde_json::Value::Null) => LEASE_DURATION,
+            Some(seconds) => seconds
+                .as_u64()
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs)
+                .context("nodeLeaseDurationSeconds is not a positive number of seconds")?,
+        };
+        Ok(KubeletConfig {
+            taints,
+            heartbeat: lease / 4,
+        })
+    }
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        KubeletConfig {
+            taints: Vec::new(),
+            heartbeat: LEASE_DURATION / 4,
+        }
     }
 }
 
@@ -148,12 +186,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .to_string(),
     };
     let ip = args.node_ip.clone().unwrap_or_default();
-    let taints = match &args.config {
-        Some(path) => register_taints(
+    let config = match &args.config {
+        Some(path) => KubeletConfig::parse(
             &std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?,
         )?,
-        None => Vec::new(),
+        None => KubeletConfig::default(),
     };
     tokio::spawn(serve_healthz());
 
@@ -172,7 +210,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     eprintln!("kok-test-kubelet: registering node {name}");
-    register(&client, &name, &args.node_labels, taints).await?;
+    register(&client, &name, &args.node_labels, config.taints).await?;
     loop {
         if let Err(e) = kok_testenv::pods::node::heartbeat(&client, &name, &ip).await {
             eprintln!("kok-test-kubelet: heartbeat: {e}");
@@ -180,7 +218,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         if let Err(e) = release_deleted_pods(&client, &name).await {
             eprintln!("kok-test-kubelet: releasing pods: {e}");
         }
-        tokio::time::sleep(HEARTBEAT).await;
+        tokio::time::sleep(config.heartbeat).await;
     }
 }
 
@@ -377,16 +415,16 @@ mod tests {
     }
 
     #[test]
-    fn taints_come_from_register_with_taints() {
-        let taints = register_taints(
-            "kind: KubeletConfiguration\nregisterWithTaints: [{\"key\":\"dedicated\",\"value\":\"batch\",\"effect\":\"PreferNoSchedule\"}]\n",
+    fn taints_and_heartbeat_come_from_the_config() {
+        let config = KubeletConfig::parse(
+            "kind: KubeletConfiguration\nregisterWithTaints: [{\"key\":\"dedicated\",\"value\":\"batch\",\"effect\":\"PreferNoSchedule\"}]\nnodeLeaseDurationSeconds: 8\n",
         )
         .unwrap();
-        assert_eq!(taints[0].key, "dedicated");
-        assert!(
-            register_taints("kind: KubeletConfiguration\n")
-                .unwrap()
-                .is_empty()
-        );
+        assert_eq!(config.taints[0].key, "dedicated");
+        assert_eq!(config.heartbeat, Duration::from_secs(2));
+        let plain = KubeletConfig::parse("kind: KubeletConfiguration\n").unwrap();
+        assert!(plain.taints.is_empty());
+        assert_eq!(plain.heartbeat, Duration::from_secs(10));
+        assert!(KubeletConfig::parse("nodeLeaseDurationSeconds: 0\n").is_err());
     }
 }

@@ -108,17 +108,14 @@ pub(crate) fn apiserver(
     Ok(cmd)
 }
 
-/// `qps` sets its `--kube-api-qps` (and twice that as the burst).
-/// `patient_nodes` gives Nodes five minutes without a heartbeat before they
-/// are marked NotReady (instead of about 50 s): simulated nodes and Pod-runner
-/// nodes renew their Leases through the same loaded API server as everything
-/// else, and a late renewal would mark every Pod on them not ready, which
-/// kwok never sets back.
+/// `qps` sets its `--kube-api-qps` (and twice that as the burst);
+/// `node_grace` its `--node-monitor-grace-period`, how long a Node may go
+/// without a heartbeat before it is marked NotReady (None: its default).
 pub(crate) fn controller_manager(
     pki: &Pki,
     kubeconfig: &Path,
     cert_dir: &Path,
-    patient_nodes: bool,
+    node_grace: Option<Duration>,
     qps: Option<u32>,
 ) -> Result<Command, Error> {
     let mut cmd = Command::new(bins::bin("kube-controller-manager")?);
@@ -148,8 +145,11 @@ pub(crate) fn controller_manager(
         .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
         .arg("--cluster-name=kok-testenv")
         .arg("--v=2");
-    if patient_nodes {
-        cmd.arg("--node-monitor-grace-period=5m");
+    if let Some(grace) = node_grace {
+        cmd.arg(format!(
+            "--node-monitor-grace-period={}ms",
+            grace.as_millis()
+        ));
     }
     if let Some(qps) = qps {
         cmd.arg(format!("--kube-api-qps={qps}"))

@@ -28,6 +28,7 @@ const META: KubeOptions = KubeOptions {
     kwok_nodes: 0,
     install_crds: false,
     controller_manager_qps: None,
+    node_monitor_grace: None,
 };
 
 /// Namespace and release name of the chart.
