@@ -78,7 +78,11 @@ async fn machines_join_are_repaired_and_leave() {
     apply(&Api::<PackageVersion>::all(client.clone()), &bad).await;
     eprintln!("set up in {:?}", started.elapsed());
 
-    let mut operator = h.operator();
+    // The operator killed below runs without leader election: the Lease a
+    // killed leader leaves behind would hold its successor back for the
+    // lease duration, and taking over a Lease is runtime.rs's subject, not
+    // this test's.
+    let mut operator = h.operator_with(&["--leader-elect=false"]);
     let machines: Api<Machine> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let three = &hosts.hosts()[..3];
@@ -283,28 +287,29 @@ async fn machines_join_are_repaired_and_leave() {
     // No SSH session when nothing needs doing: restarted with a long re-check
     // interval, the operator still keeps the Nodes (a label taken off is put
     // back) but opens no session to any host. Counted once the previous
-    // operator, which may have been in the middle of a periodic check, is gone.
-    drop(operator);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // operator, which may have been in the middle of a periodic check, has
+    // finished it and stopped (SIGTERM, so it also gives up the Lease).
+    operator.stop().await;
     let sessions: Vec<usize> = three.iter().map(ssh_sessions).collect();
     eprintln!("SSH sessions per host until converged: {sessions:?}");
     // After a restart, a Machine's next check is one interval after the last
     // one its status records. Pick an interval at which a check placed by the
     // Machine's name alone (what a restart without that record does) would
-    // fall within seconds for one of these hosts: a session opened there
-    // would show below.
+    // fall within four seconds of the operator's first look at the Machines
+    // for one of these hosts: a session opened there would show below.
     for host in three {
         let m = machines.get(host.name()).await.unwrap();
         let at = m.status.and_then(|s| s.last_checked_at);
         assert!(at.is_some(), "{}: no last check recorded", host.name());
     }
-    let quiet = (1800..=14400)
+    let (quiet, due) = (1800..=14400)
         .map(Duration::from_secs)
-        .find(|interval| {
-            three.iter().any(|host| {
-                *interval - node_operator::machine::plan::spread(host.name(), *interval)
-                    < Duration::from_secs(10)
-            })
+        .find_map(|interval| {
+            three
+                .iter()
+                .map(|host| interval - node_operator::machine::plan::spread(host.name(), interval))
+                .find(|due| *due < Duration::from_secs(4))
+                .map(|due| (interval, due))
         })
         .unwrap();
     let operator = h.operator_with(&[&format!("--recheck-interval={}s", quiet.as_secs())]);
@@ -326,7 +331,10 @@ async fn machines_join_are_repaired_and_leave() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // The operator runs (it put the label back), so it has looked at every
+    // Machine, all queued at its start: wait past the check a placement by
+    // name would have made since, with a margin for a slow first pass.
+    tokio::time::sleep(due + Duration::from_secs(2)).await;
     for host in three {
         assert_eq!(
             phase(&machines.get(host.name()).await.unwrap()),
@@ -342,19 +350,24 @@ async fn machines_join_are_repaired_and_leave() {
     );
     // Still without periodic checks, a kubelet that stops is repaired once
     // its Node turns NotReady (the controller-manager notices the Lease is
-    // no longer renewed) and the Node change reaches the operator.
+    // no longer renewed, after NODE_GRACE) and the Node change reaches the
+    // operator.
     let h1 = &three[1];
     on(h1, "systemctl stop kubelet.service");
     let t = Instant::now();
-    wait_for("the Node NotReady", Duration::from_secs(120), async || {
-        let node = nodes.get(h1.name()).await.ok()?;
-        let ready = node
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "Ready")?;
-        (ready.status != "True").then_some(())
-    })
+    wait_for(
+        "the Node NotReady",
+        NODE_GRACE + Duration::from_secs(60),
+        async || {
+            let node = nodes.get(h1.name()).await.ok()?;
+            let ready = node
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.status != "True").then_some(())
+        },
+    )
     .await;
     eprintln!("Node NotReady {:?} after its kubelet stopped", t.elapsed());
     wait_for(
@@ -380,7 +393,7 @@ async fn machines_join_are_repaired_and_leave() {
     // owns and rewrites its own pressure conditions) with a command that
     // records when it ran, one Machine at a time, at most once an hour per
     // Machine.
-    drop(operator);
+    operator.stop().await;
     let mut operator = h.operator_with(&[
         &format!("--remediation=KernelDeadlock=command:{REMEDY}"),
         "--remediation-cooldown=1h",
@@ -514,8 +527,9 @@ async fn machines_join_are_repaired_and_leave() {
     )
     .await;
     // Not tried again while nothing changed, though Node and status updates
-    // keep reaching the operator.
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // keep reaching the operator. A Machine retried like any failure would
+    // be within its first three backoffs (1, 2 and 4 times --retry-backoff).
+    tokio::time::sleep(RETRY_BACKOFF * 7).await;
     assert_eq!(
         count(&hosts.artifact_requests(), "kubelet.tar.gz"),
         kubelet_downloads + 1,

@@ -196,13 +196,18 @@ pub struct Operator {
     log: PathBuf,
 }
 
-/// The flags [`Operator::start`] passes: short intervals and timeouts for tests.
+/// The flags [`Operator::start`] passes: short intervals and timeouts for
+/// tests. Tests that wait for one of these thresholds, or show that
+/// something does not happen within one, size their waits by the constants
+/// below.
 pub const OPERATOR_ARGS: &[&str] = &[
     "--recheck-interval=4s",
-    "--node-wait=30s",
+    "--node-wait=10s",
+    "--retry-backoff=1s",
     "--ssh-concurrency=4",
     "--ssh-connect-timeout=3s",
     "--ssh-step-timeout=60s",
+    "--ssh-keepalive-interval=2s",
     "--drain-timeout=30s",
     "--offboard-timeout=20s",
     "--cluster-dns=10.0.0.10",
@@ -210,6 +215,20 @@ pub const OPERATOR_ARGS: &[&str] = &[
     // Tests run side by side: no fixed port.
     "--http-address=127.0.0.1:0",
 ];
+
+/// `--recheck-interval` of [`OPERATOR_ARGS`]: how often a Ready Machine's
+/// host is visited.
+pub const RECHECK: Duration = Duration::from_secs(4);
+
+/// `--retry-backoff` of [`OPERATOR_ARGS`]: the first wait before a failed
+/// Machine is tried again (it doubles with each failure in a row).
+pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long the test environment's controller-manager lets a Node go
+/// without a heartbeat before it marks it NotReady. The test kubelet renews
+/// every quarter of `nodeLeaseDurationSeconds` (8 s in
+/// `packageversions.yaml`): six renewals fit in it.
+pub const NODE_GRACE: Duration = Duration::from_secs(12);
 
 impl Operator {
     /// Starts the operator against `env` with [`OPERATOR_ARGS`], appending its
@@ -260,6 +279,21 @@ impl Operator {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stops it as a rollout does (SIGTERM): it finishes the reconciles in
+    /// flight, releases the Lease (so the next one leads at once, without
+    /// waiting for it to expire) and exits 0.
+    pub async fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        run_local(Command::new("kill").arg("-TERM").arg(&pid));
+        let exit = wait_for(
+            "the node-operator to exit after SIGTERM",
+            Duration::from_secs(40),
+            async || self.child.try_wait().ok().flatten(),
+        )
+        .await;
+        assert!(exit.success(), "node-operator exit status {exit:?}");
     }
 
     /// Whether it is still running.
@@ -496,6 +530,28 @@ pub async fn wait_ready(api: &Api<Machine>, name: &str, timeout: Duration) -> Ma
     .await
 }
 
+/// Waits until the Machine's host was visited and found as declared (its
+/// `lastCheckedAt`, whole seconds) after `since`: every reconcile queued
+/// before then has run. With the periodic checks of [`OPERATOR_ARGS`] that
+/// is within about [`RECHECK`].
+pub async fn wait_checked_after(
+    api: &Api<Machine>,
+    name: &str,
+    since: k8s_openapi::jiff::Timestamp,
+    timeout: Duration,
+) -> Machine {
+    wait_for(
+        &format!("Machine {name} checked after {since}"),
+        timeout,
+        async || {
+            let m = machine_status(api, name).await?;
+            let at = m.status.as_ref()?.last_checked_at.as_ref()?.0;
+            (at > since).then_some(m)
+        },
+    )
+    .await
+}
+
 /// Waits until the Machine's condition has `status` and `reason`.
 pub async fn wait_condition(
     api: &Api<Machine>,
@@ -622,6 +678,7 @@ impl Harness {
             kwok_nodes: 0,
             install_crds: true,
             controller_manager_qps: None,
+            node_monitor_grace: Some(NODE_GRACE),
         })
         .unwrap();
         let client = env.client().await;
