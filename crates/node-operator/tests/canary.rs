@@ -34,7 +34,9 @@ const BROKEN: &str = "kubelet-1.35.6";
 const CLAIM: &str = "kubeonkube.io/canary";
 const RELEASED_PACKAGES: &str = "kubeonkube.io/canary-packages";
 const RELEASED_AT: &str = "kubeonkube.io/canary-released-at";
-const PAUSE: Duration = Duration::from_secs(15);
+/// `pauseBetweenBatches` of the first release: long enough for the test to
+/// pause the release after its first batch, before the second would start.
+const PAUSE: Duration = Duration::from_secs(8);
 
 fn release(name: &str, target: &str, batches: serde_json::Value, pause: &str) -> CanaryRelease {
     serde_json::from_value(json!({
@@ -150,13 +152,13 @@ async fn canary_batches_pause_conflict_promote_halt_and_roll_back() {
     recorder.watch(machines.clone(), "Machine").await;
     recorder.watch(releases.clone(), "CanaryRelease").await;
 
-    // 1. Batch by batch, one Machine each, 15s apart; paused after the first.
+    // 1. Batch by batch, one Machine each, PAUSE apart; paused after the first.
     let good = "kubelet-1.35.5";
     let t = Instant::now();
     releases
         .create(
             &PostParams::default(),
-            &release(good, GOOD, json!([1, 1]), "15s"),
+            &release(good, GOOD, json!([1, 1]), &format!("{}s", PAUSE.as_secs())),
         )
         .await
         .unwrap();
@@ -216,8 +218,9 @@ async fn canary_batches_pause_conflict_promote_halt_and_roll_back() {
     })
     .await;
 
-    // Paused well past the pause between batches: no new batch.
-    let held = PAUSE + Duration::from_secs(10);
+    // Paused past the pause between batches: no new batch. (A release that
+    // is not paused looks again the moment its pause ends.)
+    let held = PAUSE + Duration::from_secs(3);
     tokio::time::sleep(held.saturating_sub(paused_at.elapsed().unwrap())).await;
     let r = releases.get(good).await.unwrap();
     assert_eq!(
@@ -389,9 +392,18 @@ async fn canary_batches_pause_conflict_promote_halt_and_roll_back() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Each Machine, looked at since its release (its status no longer names
+    // one), stays as it is: Ready at the promoted version.
     for host in hosts {
-        let m = machines.get(host.name()).await.unwrap();
+        let m = wait_for(
+            "the Machine's status without its release",
+            Duration::from_secs(60),
+            async || {
+                let m = machines.get(host.name()).await.ok()?;
+                m.status.as_ref()?.canary.is_none().then_some(m)
+            },
+        )
+        .await;
         assert_eq!(phase(&m), Some(MachinePhase::Ready), "{}", host.name());
         assert_eq!(installed(&m, "kubelet"), Some((GOOD.to_string(), true)));
     }
@@ -451,8 +463,10 @@ async fn canary_batches_pause_conflict_promote_halt_and_roll_back() {
         ),
         "1.35.6"
     );
-    // Halted: no other Machine gets the broken version.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Halted: no other Machine gets the broken version. (A release with
+    // Machines in flight looks again every 5 s at the latest; with a pause of
+    // 0s its next batch would start then.)
+    tokio::time::sleep(Duration::from_secs(7)).await;
     let r = releases.get(bad).await.unwrap();
     assert_eq!(canary_phase(&r), Some(CanaryPhase::Halted));
     for host in hosts.iter().filter(|h| h.name() != victim.name) {

@@ -135,8 +135,15 @@ async fn default_change_rolls_within_the_budget() {
         },
     )
     .await;
-    // The pinned Machine had every chance to move, and did not.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The pinned Machine had every chance to move, and did not: its host
+    // was visited again after every follower had moved.
+    wait_checked_after(
+        &machines,
+        pinned,
+        k8s_openapi::jiff::Timestamp::now(),
+        RECHECK * 5,
+    )
+    .await;
     let changes = recorder.stop();
     eprintln!(
         "{} Machines rolled to {NEW} in {rolled:?}: {:.2} Machines per minute ({} changes recorded)",

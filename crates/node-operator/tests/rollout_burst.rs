@@ -83,8 +83,11 @@ async fn default_change_as_machines_turn_ready_stays_within_the_budget() {
     wait_all_at(&machines, hosts, "kubelet", NEW, Duration::from_secs(300)).await;
     let rolled = changed.elapsed();
     // Reconciles still queued by the last writes get their chance to
-    // misbehave too.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // misbehave too: every host is visited once more.
+    let rolled_at = k8s_openapi::jiff::Timestamp::now();
+    for host in hosts {
+        wait_checked_after(&machines, host.name(), rolled_at, RECHECK * 5).await;
+    }
     let changes = recorder.stop();
 
     let mut replay = Replay::default();
