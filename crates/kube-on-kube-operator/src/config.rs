@@ -14,6 +14,12 @@ use crate::bounded::Limits;
 const ADDON_RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const ADDON_RETRY_MAX: Duration = Duration::from_secs(300);
 
+/// How long a crash-looping etcd member Pod may stay not ready before its
+/// member is replaced, unless `--etcd-failed-after` says otherwise. Long
+/// enough for a member that only waits on its peers, or a slow disk, to come
+/// back on its own: a replacement throws its data away and copies it anew.
+pub const ETCD_FAILED_AFTER: Duration = Duration::from_secs(300);
+
 /// The snapshot gateway's image unless `--snapshot-gateway-image` says
 /// otherwise: versitygw's upstream release the operator is tested with.
 pub const DEFAULT_SNAPSHOT_GATEWAY_IMAGE: &str = "ghcr.io/versity/versitygw:v1.8.0";
@@ -43,6 +49,10 @@ pub struct Config {
     /// First wait before a failed add-on step is tried again; it doubles up
     /// to [`ADDON_RETRY_MAX`] (or this wait, when longer).
     pub addon_retry: Duration,
+    /// How long an etcd member Pod that has restarted
+    /// [`crate::etcd::FAILED_RESTARTS`] times may stay not ready before it is
+    /// judged failed (and its member replaced, or a roll stopped).
+    pub etcd_failed_after: Duration,
     /// The images and hostPaths a Cluster may ask for beyond the defaults.
     pub policy: Policy,
     /// How much one list of a namespace may return.
@@ -73,6 +83,7 @@ impl Default for Config {
             snapshot_gateway_image: DEFAULT_SNAPSHOT_GATEWAY_IMAGE.into(),
             addon_template_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
+            etcd_failed_after: ETCD_FAILED_AFTER,
             policy: Default::default(),
             limits: Default::default(),
         }

@@ -974,11 +974,8 @@ async fn retry_addons(
 /// Pods are Ready but which do not serve yet (only asking etcd tells), and a
 /// member Pod that restarts, judged failed after a time without any event.
 pub fn waits_on_watches(etcd: &crate::etcd::Report) -> bool {
-    let now = Timestamp::now();
     let waiting_on_a_pod = etcd.pods.len() < etcd.desired as usize
-        || etcd.pods.iter().any(|p| {
-            crate::etcd::pod_state(Some(p), now) != crate::etcd::membership::PodState::Ready
-        });
+        || etcd.pods.iter().any(|p| !crate::etcd::pod_ready(p));
     etcd.settled || (waiting_on_a_pod && etcd.pods.iter().all(|p| crate::etcd::restarts(p) == 0))
 }
 

@@ -56,6 +56,13 @@ struct Args {
     /// whole reconcile of the Cluster.
     #[arg(long, env = "KOK_ADDON_RETRY", default_value = "1s", value_parser = parse_duration)]
     addon_retry: std::time::Duration,
+    /// How long an etcd member Pod that has restarted 5 times may stay not
+    /// ready before it is judged failed, as `30s`, `5m`: its member is then
+    /// removed and added back on fresh data while the others keep a quorum,
+    /// or, when a version roll has just restarted it, the roll stops with
+    /// the member left on its data.
+    #[arg(long, env = "KOK_ETCD_FAILED_AFTER", default_value = "5m", value_parser = parse_duration)]
+    etcd_failed_after: std::time::Duration,
     /// Image of this operator, run in the etcd Pods of a Cluster restored
     /// from a snapshot to download it (default:
     /// `<image registry>/kube-on-kube-operator:<this operator's version>`).
@@ -166,6 +173,7 @@ async fn main() -> anyhow::Result<()> {
         snapshot_gateway_image: args.snapshot_gateway_image,
         addon_template_namespace: args.addon_template_namespace,
         addon_retry: args.addon_retry,
+        etcd_failed_after: args.etcd_failed_after,
         policy: args.policy.policy(),
         limits: args.limits.limits(),
     };

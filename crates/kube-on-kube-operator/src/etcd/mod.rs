@@ -49,9 +49,9 @@ pub const RECORD_MANAGER: &str = "kube-on-kube-operator-etcd";
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A member Pod that has restarted this often and has not been ready for
-/// [`FAILED_AFTER`] is judged failed, and its member replaced.
+/// the operator's `--etcd-failed-after` ([`Config::etcd_failed_after`]) is
+/// judged failed, and its member replaced.
 pub const FAILED_RESTARTS: i32 = 5;
-pub const FAILED_AFTER: Duration = Duration::from_secs(300);
 
 /// Slots looked at: the most members any mode asks for.
 pub const MAX_MEMBERS: usize = 3;
@@ -155,32 +155,47 @@ pub fn restarts(pod: &Pod) -> i32 {
         .map_or(0, |c| c.iter().map(|c| c.restart_count).sum())
 }
 
-/// The planner's view of a member Pod.
-pub fn pod_state(pod: Option<&Pod>, now: Timestamp) -> PodState {
+/// Whether a member Pod is [`PodState::Ready`]: Ready, not finished and not
+/// going away. No threshold changes that.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && !finished(pod)
+        && ready_condition(pod).is_some_and(|c| c.status == kok_common::conditions::Status::True)
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    )
+}
+
+/// The planner's view of a member Pod: one that has restarted
+/// [`FAILED_RESTARTS`] times and has not been ready for `failed_after` is
+/// failed.
+pub fn pod_state(pod: Option<&Pod>, now: Timestamp, failed_after: Duration) -> PodState {
     let Some(pod) = pod else {
         return PodState::Absent;
     };
+    if pod_ready(pod) {
+        return PodState::Ready;
+    }
     if pod.metadata.deletion_timestamp.is_some() {
         return PodState::Terminating;
     }
-    let status = pod.status.as_ref();
-    if matches!(
-        status.and_then(|s| s.phase.as_deref()),
-        Some("Failed" | "Succeeded")
-    ) {
+    if finished(pod) {
         return PodState::Failed;
     }
     let ready = ready_condition(pod);
-    if ready.is_some_and(|c| c.status == kok_common::conditions::Status::True) {
-        return PodState::Ready;
-    }
     let restarts = restarts(pod);
     let since = ready
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0)
         .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    let long =
-        since.is_some_and(|t| now.as_second() - t.as_second() >= FAILED_AFTER.as_secs() as i64);
+    let long = since.is_some_and(|t| {
+        u64::try_from(now.as_second() - t.as_second())
+            .is_ok_and(|down| down >= failed_after.as_secs())
+    });
     if restarts >= FAILED_RESTARTS && long {
         PodState::Failed
     } else {
@@ -259,12 +274,13 @@ pub fn slots(
     views: &[SlotView<'_>],
     uses_claims: bool,
     now: Timestamp,
+    failed_after: Duration,
 ) -> Vec<Slot> {
     views
         .iter()
         .enumerate()
         .map(|(index, v)| {
-            let pod = pod_state(v.pod, now);
+            let pod = pod_state(v.pod, now, failed_after);
             let outdated = v
                 .pod
                 .is_some_and(|p| annotation(p, CONFIG_HASH_ANNOTATION) != Some(v.hash.as_str()));
@@ -539,7 +555,13 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
             rolled: rolled(member_pod(i), previous_version.as_deref()),
         })
         .collect();
-    let slots = slots(names, &views, uses_claims, now);
+    let slots = slots(
+        names,
+        &views,
+        uses_claims,
+        now,
+        ctx.config.etcd_failed_after,
+    );
 
     // Services first: a member's name must resolve before it starts. Kept
     // for every slot that is wanted or still holds something.

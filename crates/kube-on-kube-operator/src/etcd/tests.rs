@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
+use crate::config::ETCD_FAILED_AFTER;
 use crate::versions::{Resolved, etcd_image, etcd_version};
 
 fn names() -> Names {
@@ -44,35 +45,41 @@ fn pod(name: &str, ready: bool, restarts: i32, since: i64) -> Pod {
 #[test]
 fn pods_are_read_as_the_planner_needs() {
     let now = at(10_000);
-    assert_eq!(pod_state(None, now), PodState::Absent);
-    assert_eq!(pod_state(Some(&pod("a", true, 0, 0)), now), PodState::Ready);
+    let after = ETCD_FAILED_AFTER;
+    let state = |p: Option<&Pod>| pod_state(p, now, after);
+    assert_eq!(state(None), PodState::Absent);
+    assert_eq!(state(Some(&pod("a", true, 0, 0))), PodState::Ready);
     // A killed process the Pod runs again: not ready for a moment only.
-    assert_eq!(
-        pod_state(Some(&pod("a", false, 1, 9_990)), now),
-        PodState::NotReady
-    );
+    assert_eq!(state(Some(&pod("a", false, 1, 9_990))), PodState::NotReady);
     // Crash-looping but only recently: still given time.
-    assert_eq!(
-        pod_state(Some(&pod("a", false, 9, 9_990)), now),
-        PodState::NotReady
-    );
-    // Crash-looping for longer than FAILED_AFTER: replaced.
-    let long_ago = 10_000 - FAILED_AFTER.as_secs() as i64 - 1;
-    assert_eq!(
-        pod_state(Some(&pod("a", false, FAILED_RESTARTS, long_ago)), now),
-        PodState::Failed
-    );
+    assert_eq!(state(Some(&pod("a", false, 9, 9_990))), PodState::NotReady);
+    // Crash-looping for the failure threshold: replaced; a second less: not.
+    let long_ago = 10_000 - after.as_secs() as i64;
+    let crashing = |since| pod("a", false, FAILED_RESTARTS, since);
+    assert_eq!(state(Some(&crashing(long_ago))), PodState::Failed);
+    assert_eq!(state(Some(&crashing(long_ago + 1))), PodState::NotReady);
+    // One restart fewer: not failed, however long.
+    let fewer = pod("a", false, FAILED_RESTARTS - 1, 0);
+    assert_eq!(state(Some(&fewer)), PodState::NotReady);
+    // The threshold is the operator's to set.
+    let short = Duration::from_secs(30);
+    let crashed_for = |secs: i64| pod_state(Some(&crashing(10_000 - secs)), now, short);
+    assert_eq!(crashed_for(30), PodState::Failed);
+    assert_eq!(crashed_for(29), PodState::NotReady);
     // Not ready for long without restarting (waiting for peers): not failed.
-    assert_eq!(
-        pod_state(Some(&pod("a", false, 0, long_ago)), now),
-        PodState::NotReady
-    );
+    assert_eq!(state(Some(&pod("a", false, 0, 0))), PodState::NotReady);
     let mut going = pod("a", true, 0, 0);
     going.metadata.deletion_timestamp = Some(Time(at(1)));
-    assert_eq!(pod_state(Some(&going), now), PodState::Terminating);
+    assert_eq!(state(Some(&going)), PodState::Terminating);
+    assert!(!pod_ready(&going));
     let mut dead = pod("a", false, 0, 0);
     dead.status.as_mut().unwrap().phase = Some("Failed".into());
-    assert_eq!(pod_state(Some(&dead), now), PodState::Failed);
+    assert_eq!(state(Some(&dead)), PodState::Failed);
+    // Ready but finished: failed, not ready.
+    let mut done = pod("a", true, 0, 0);
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    assert_eq!(state(Some(&done)), PodState::Failed);
+    assert!(!pod_ready(&done));
 }
 
 #[test]
@@ -100,7 +107,7 @@ fn a_member_settles_for_a_while_after_it_turns_ready() {
         pod: Some(&ready_now),
         ..Default::default()
     }];
-    assert!(slots(&names(), &views, false, now)[0].settling);
+    assert!(slots(&names(), &views, false, now, ETCD_FAILED_AFTER)[0].settling);
 }
 
 #[test]
@@ -179,7 +186,7 @@ fn a_pod_with_another_hash_is_outdated() {
             ..Default::default()
         },
     ];
-    let s = slots(&n, &views, false, at(10));
+    let s = slots(&n, &views, false, at(10), ETCD_FAILED_AFTER);
     assert_eq!(
         s.iter().map(|s| s.outdated).collect::<Vec<_>>(),
         [false, true, false]
@@ -389,7 +396,7 @@ fn a_pinned_host_path_member_keeps_its_data_without_its_pod() {
         },
         SlotView::default(),
     ];
-    let s = slots(&n, &views, false, at(10));
+    let s = slots(&n, &views, false, at(10), ETCD_FAILED_AFTER);
     assert_eq!(s[0].claim, ClaimState::Present);
     assert_eq!(s[1].claim, ClaimState::Absent);
 }
