@@ -47,6 +47,21 @@ fn runner() -> &'static PodRunner {
 const READY: Duration = Duration::from_secs(300);
 const CONVERGE: Duration = Duration::from_secs(240);
 
+/// The operator's `--etcd-failed-after` here: how long a member Pod that has
+/// restarted 5 times may stay not ready before it counts as failed (5
+/// minutes in production). The Pod runner's restart backoff (0.5 s doubling
+/// to 10 s) gets a crash-looping member to 5 restarts in about 16 s, so this
+/// is the wait that decides.
+const FAILED_AFTER: Duration = Duration::from_secs(30);
+
+/// The flags every operator of these tests runs with.
+fn operator_flags() -> Vec<String> {
+    vec![
+        format!("--etcd-host-path-prefixes={}", host_path_root().display()),
+        format!("--etcd-failed-after={}s", FAILED_AFTER.as_secs()),
+    ]
+}
+
 /// Start the operator in a fresh namespace and create `cluster` there.
 async fn setup(
     prefix: &str,
@@ -76,16 +91,7 @@ async fn setup_with(
     let client = env.client().await;
     let ns = env.namespace(prefix).await;
     grant_operator(&client, &ns).await;
-    start_operator_pod_with(
-        &client,
-        &ns,
-        &runner.nodes()[0],
-        &[format!(
-            "--etcd-host-path-prefixes={}",
-            host_path_root().display()
-        )],
-    )
-    .await;
+    start_operator_pod_with(&client, &ns, &runner.nodes()[0], &operator_flags()).await;
     let mut cluster = test_cluster(&ns, name, mode);
     cluster.spec.etcd.component.version = Some(etcd.into());
     edit(&mut cluster);
@@ -199,6 +205,14 @@ async fn wait_new_claim(client: &Client, ns: &str, member: &str, old_uid: &str) 
     .await;
 }
 
+/// A Production member's process killed or Pod deleted comes back on its data
+/// as the same member; one whose claim and Pod are deleted is removed by ID
+/// and added back as a new member on a fresh claim, also when the operator
+/// restarts in the middle of it (added once, no orphan). The other members
+/// keep their IDs, the data written before stays, and the business API
+/// answers every call throughout. The failure threshold is short here, so
+/// this also shows a member back from a fault is not mistaken for a failed
+/// one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn production_members_recover_or_are_replaced_keeping_quorum() {
     let name = "faults";
@@ -366,7 +380,7 @@ async fn production_members_recover_or_are_replaced_keeping_quorum() {
     let step = mid.status.as_ref().and_then(|s| s.etcd_change.clone());
     stop_operator_pod(&client, &ns).await;
     println!("(d) operator stopped at {step:?}");
-    start_operator_pod(&client, &ns, &runner().nodes()[1]).await;
+    start_operator_pod_with(&client, &ns, &runner().nodes()[1], &operator_flags()).await;
     wait_new_claim(&client, &ns, &member, &old_claim).await;
     wait_cluster(
         &clusters,
@@ -391,6 +405,11 @@ async fn production_members_recover_or_are_replaced_keeping_quorum() {
     tear_down(&client, &ns, &clusters, name).await;
 }
 
+/// Minimal → Production adds one member at a time (never two learners), an
+/// etcd upgrade between two real releases restarts one member at a time on
+/// its data with two of three serving and the business API answering, and
+/// Production → Minimal removes members one at a time, with their Pods and
+/// claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_out_then_upgrade_etcd_one_member_at_a_time() {
     let name = "grow";
@@ -782,8 +801,10 @@ async fn host_path_members_roll_in_place_keeping_their_data() {
 
 /// A member that fails on the version a roll gave it is left on its data
 /// while the others serve: not removed, not replaced, and the roll stops
-/// with EtcdReady saying which member and why. Asking for the previous
-/// version again restarts it on its data, as the same member.
+/// with EtcdReady saying which member and why, no sooner than the
+/// operator's failure threshold (its `--etcd-failed-after`, short here).
+/// Asking for the previous version again restarts it on its data, as the
+/// same member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
     let name = "badroll";
@@ -811,11 +832,13 @@ async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
             .cloned()
             .unwrap_or_default()
     };
-    // Until the member is judged failed (5 minutes not ready), and after:
-    // one member on the broken release, the others untouched, nobody removed.
+    // Until the member is judged failed (5 restarts, then not ready for
+    // FAILED_AFTER), and after: one member on the broken release, the others
+    // untouched, nobody removed. The wait is too short for the production
+    // threshold, so an operator that ignored its flag fails here.
     let stopped = wait_for(
         "the roll to stop on the failed member",
-        Duration::from_secs(600),
+        FAILED_AFTER + CONVERGE,
         async || {
             let pods = member_pods(&client, &ns, name).await;
             let broken = pods.iter().filter(|p| version_of(p) == BROKEN_ETCD).count();
@@ -832,6 +855,10 @@ async fn a_member_failing_after_a_version_roll_is_left_on_its_data() {
     )
     .await;
     println!("roll stopped after {:?}: {}", t.elapsed(), stopped.message);
+    assert!(
+        t.elapsed() >= FAILED_AFTER,
+        "judged failed before the threshold"
+    );
     let failed = member_pods(&client, &ns, name)
         .await
         .into_iter()
