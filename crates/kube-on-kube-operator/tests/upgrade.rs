@@ -960,15 +960,29 @@ async fn served(
     out
 }
 
+/// Leaf certificates of the rotation test live this long: the least the API
+/// allows.
+const VALIDITY: Duration = Duration::from_secs(600);
+
+/// They are renewed when less than this remains: 2 minutes after issue,
+/// about 95 s after a Production Cluster is ready. The renewed ones are due
+/// 2 minutes after that, and the components' roll onto them must end
+/// before (71 s measured on a loaded 2-core machine), or it starts over
+/// onto the next ones.
+const RENEW_BEFORE: Duration = Duration::from_secs(480);
+
+/// With nothing but time passing, every leaf certificate and kubeconfig is
+/// issued again once less than `renewBefore` remains (not before, and within
+/// a minute and a half), the CAs are kept, every component rolls onto the
+/// new ones while the business API answers every call, the kube-apiservers
+/// serve the new chain, and the status reports the later expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_lived_certificates_rotate_without_an_outage() {
     let _one_at_a_time = HEAVY.lock().await;
     let name = "rot";
-    // Leaves live 10 minutes (the least the API allows) and are renewed when
-    // less than 6 remain: the first renewal comes 4 minutes after issue.
     let (client, ns, clusters) = setup("rotate", name, ClusterMode::Production, |c| {
-        c.spec.certificates.validity = "10m".into();
-        c.spec.certificates.renew_before = "6m".into();
+        c.spec.certificates.validity = format!("{}s", VALIDITY.as_secs());
+        c.spec.certificates.renew_before = format!("{}s", RENEW_BEFORE.as_secs());
     })
     .await;
     wait_settled(&clusters, name, TO, 3).await;
@@ -1031,11 +1045,15 @@ async fn short_lived_certificates_rotate_without_an_outage() {
         .expect("write through the business API");
     let poller = ServicePoller::start(client.clone(), &ns, name, "before-rotation");
 
-    // Every leaf certificate and kubeconfig is issued again; the CAs stay.
+    // Every leaf certificate and kubeconfig is issued again once the first
+    // is due (renewBefore ahead of its expiry); the CAs stay.
+    let due = earliest - RENEW_BEFORE;
+    let late = Duration::from_secs(90);
     let t = Instant::now();
+    let until_due = Duration::try_from(due - time::OffsetDateTime::now_utc()).unwrap_or_default();
     let after = wait_for(
         "every leaf certificate to be renewed",
-        Duration::from_secs(600),
+        until_due + late,
         async || {
             let now = certificates(&client, &ns, name).await;
             let renewed = |old: &BTreeMap<String, Issued>, new: &BTreeMap<String, Issued>| {
@@ -1056,6 +1074,26 @@ async fn short_lived_certificates_rotate_without_an_outage() {
         after.kubeconfigs.len()
     );
     assert_eq!(after.cas, before.cas, "the authorities must stay");
+    // When each was issued again: its new expiry less the validity.
+    let reissued: Vec<_> = after
+        .leaves
+        .values()
+        .chain(after.kubeconfigs.values())
+        .map(|(_, at)| *at - VALIDITY)
+        .collect();
+    let first = *reissued.iter().min().expect("leaves");
+    let last = *reissued.iter().max().expect("leaves");
+    println!(
+        "reissued from {}s to {}s after the first was due",
+        (first - due).whole_seconds(),
+        (last - due).whole_seconds()
+    );
+    // Certificate times are whole seconds: a second's slack.
+    assert!(
+        first >= due - Duration::from_secs(1),
+        "renewed at {first}, before it was due at {due}"
+    );
+    assert!(last <= due + late, "renewed at {last}, due at {due}");
     for (k, (_, at)) in after.leaves.iter().chain(&after.kubeconfigs) {
         let old = before
             .leaves
