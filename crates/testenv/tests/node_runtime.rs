@@ -151,7 +151,11 @@ fn leftover_mounts(run_dir: &str) -> Vec<String> {
         .collect()
 }
 
-fn processes_in_namespace(ns: &str) -> Vec<String> {
+/// Processes in the PID namespace `ns` that started before `started_before`
+/// (clock ticks since boot). A namespace is named by an inode number, which
+/// the kernel hands out again once the namespace is gone: a test running
+/// beside this one may boot a host into a namespace with the same name.
+fn processes_in_namespace(ns: &str, started_before: u64) -> Vec<String> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -164,8 +168,27 @@ fn processes_in_namespace(ns: &str) -> Vec<String> {
         .filter(|e| {
             std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|l| l.display().to_string() == ns)
         })
+        .filter(|e| start_ticks(&e.path()).is_some_and(|t| t < started_before))
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
+}
+
+/// When the process at `/proc/<pid>` started, in clock ticks since boot.
+fn start_ticks(proc_dir: &Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    // Field 22; the fields after the command's closing parenthesis start
+    // at field 3.
+    let after_command = &stat[stat.rfind(')')? + 1..];
+    after_command.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Clock ticks since boot, as [`start_ticks`] counts them.
+fn ticks_now() -> u64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let seconds: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (seconds * per_second).ceil() as u64
 }
 
 #[test]
@@ -580,11 +603,15 @@ evictionHard:
                 .to_string()
         })
         .collect();
-    assert!(!processes_in_namespace(&namespaces[0]).is_empty());
+    assert!(!processes_in_namespace(&namespaces[0], u64::MAX).is_empty());
+    let powered_off = ticks_now();
     drop(proxy);
     drop(hosts);
     for ns in &namespaces {
-        assert_eq!(processes_in_namespace(ns), Vec::<String>::new());
+        assert_eq!(
+            processes_in_namespace(ns, powered_off),
+            Vec::<String>::new()
+        );
     }
     for root in &roots {
         assert_eq!(cgroup_dirs(root), Vec::<PathBuf>::new());
