@@ -128,4 +128,5 @@ fi
 trap - EXIT
 phase "done"
 python3 scripts/test-times.py "$reports"/*.xml || true
+python3 scripts/test-times.py --failures "$reports"/*.xml || true
 exit $status
