@@ -132,6 +132,8 @@ impl PodRunner {
     /// registered.
     pub fn start(env: &KubeEnv, options: Options) -> Result<PodRunner, Error> {
         net::sweep_stale();
+        runner::sweep_stale_cgroups();
+        runner::install_exit_hook();
         let load_balancer = if options.load_balancer {
             Some(LoadBalancer::start(env)?)
         } else {

@@ -202,6 +202,21 @@ pub fn move_into(cgroup: &str, pid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// The names of `cgroup`'s child cgroups, in any hierarchy.
+pub fn children(cgroup: &str) -> BTreeSet<String> {
+    hierarchies()
+        .iter()
+        .filter_map(|h| fs::read_dir(in_hierarchy(h, cgroup)).ok())
+        .flat_map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Removes `cgroup` from every hierarchy where it is empty (a shared parent
 /// once its last child is gone); one still in use stays.
 pub fn remove_if_empty(cgroup: &str) {

@@ -214,13 +214,47 @@ pub fn run_id() -> String {
     format!("{:x}", std::process::id())
 }
 
+/// The pid whose Pod network a name belongs to: a bridge `kpb<run id>`, a
+/// namespace `kp<run id>-<n>` or a veth end `kv…`/`kq…` ([`run_id`]).
+pub fn owner_pid_of_name(name: &str) -> Option<u32> {
+    let hex = |id: &str| {
+        (!id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u32::from_str_radix(id, 16).ok())
+            .flatten()
+    };
+    if let Some(id) = name.strip_prefix("kpb")
+        && !id.contains('-')
+    {
+        return hex(id);
+    }
+    let rest = ["kp", "kv", "kq"]
+        .iter()
+        .find_map(|prefix| name.strip_prefix(prefix))?;
+    let (id, index) = rest.split_once('-')?;
+    (!index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| hex(id))
+        .flatten()
+}
+
 /// Delete bridges and namespaces of runs whose process no longer exists.
 pub fn sweep_stale() {
-    let alive = |id: &str| {
+    remove_runs(|id| {
         u32::from_str_radix(id, 16)
-            .map(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
-            .unwrap_or(true)
-    };
+            .map(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .unwrap_or(false)
+    });
+}
+
+/// Delete this process's bridge and namespaces (their veths go with them):
+/// at exit, for a runner that is never dropped (one held for the whole test
+/// binary).
+pub fn remove_own() {
+    let own = run_id();
+    remove_runs(|id| id == own);
+}
+
+/// Delete the bridges and namespaces of the runs whose id `gone` picks.
+fn remove_runs(gone: impl Fn(&str) -> bool) {
     if let Ok(entries) = std::fs::read_dir("/run/netns") {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
@@ -228,7 +262,7 @@ pub fn sweep_stale() {
                 .strip_prefix("kp")
                 .and_then(|r| r.split_once('-'))
                 .map(|(id, _)| id)
-                && !alive(id)
+                && gone(id)
             {
                 let _ = ip(&["netns", "del", &name]);
             }
@@ -241,7 +275,7 @@ pub fn sweep_stale() {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let name = line.split(':').nth(1).map(str::trim).unwrap_or_default();
             if let Some(id) = name.strip_prefix("kpb")
-                && !alive(id)
+                && gone(id)
             {
                 let _ = ip(&["link", "del", name]);
             }
@@ -251,7 +285,26 @@ pub fn sweep_stale() {
 
 #[cfg(test)]
 mod tests {
-    use super::next_free;
+    use super::{next_free, owner_pid_of_name};
+
+    #[test]
+    fn names_of_a_pod_network_give_the_pid_of_their_runner() {
+        assert_eq!(owner_pid_of_name("kpb1f2a"), Some(0x1f2a));
+        assert_eq!(owner_pid_of_name("kp1f2a-3"), Some(0x1f2a));
+        assert_eq!(owner_pid_of_name("kv1f2a-12"), Some(0x1f2a));
+        assert_eq!(owner_pid_of_name("kq1f2a-12"), Some(0x1f2a));
+        for other in [
+            "eth0",
+            "kp-3",
+            "kpzz-1",
+            "kv1f2a-",
+            "kv1f2a-x",
+            "kpb",
+            "kt0a1b2cbr",
+        ] {
+            assert_eq!(owner_pid_of_name(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn a_freed_address_is_given_out_again_only_after_the_others() {

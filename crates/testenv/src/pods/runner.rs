@@ -50,6 +50,42 @@ static LIVE_CGROUPS: std::sync::Mutex<std::collections::BTreeSet<String>> =
 fn live_cgroups() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<String>> {
     LIVE_CGROUPS.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// At exit: the containers' cgroups this process still has, with whatever
+/// is left in them, and its Pod network. A runner held for the whole test
+/// binary is never dropped, and what it made would otherwise stay until
+/// the next runner's sweep.
+pub(crate) fn install_exit_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a plain function with no arguments.
+        unsafe { libc::atexit(remove_own_at_exit) };
+    });
+}
+
+extern "C" fn remove_own_at_exit() {
+    // Never block at exit on a lock held by a thread that is gone.
+    if let Ok(left) = LIVE_CGROUPS.try_lock() {
+        for cgroup in left.iter() {
+            let _ = cgroups::remove(cgroup, Duration::from_secs(2));
+        }
+    }
+    cgroups::remove_if_empty(CGROUP_PARENT);
+    super::net::remove_own();
+}
+
+/// Removes the empty cgroups of containers whose process is gone, left by
+/// runners that were killed before they could.
+pub(crate) fn sweep_stale_cgroups() {
+    for pid in cgroups::children(CGROUP_PARENT) {
+        let Ok(number) = pid.parse::<u32>() else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{number}")).exists() {
+            cgroups::remove_if_empty(&format!("{CGROUP_PARENT}/{pid}"));
+        }
+    }
+}
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// Everything the Pod tasks share.
