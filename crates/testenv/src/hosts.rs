@@ -81,6 +81,12 @@ pub use artifacts::Request as ArtifactRequest;
 pub use error::Error;
 pub use helper::HELPER_ENV;
 
+/// The live test process whose host run a name belongs to (a host's name
+/// or cgroup root, a bridge or veth of the run), if that process still runs.
+pub fn live_owner_of(name: &str) -> Option<u32> {
+    run_dir::live_owner(run_dir::run_id_of_name(name)?)
+}
+
 use crate::sys;
 use artifacts::ArtifactServer;
 use guest::BootConfig;

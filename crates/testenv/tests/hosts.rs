@@ -70,6 +70,11 @@ fn each_host_has_its_own_name_address_and_files() {
         }
         // Its own PID namespace: its init is PID 1.
         assert!(run(host, "cat /proc/1/cmdline").contains("kok-testhost"));
+        // What the run made is known to be this process's.
+        assert_eq!(
+            kok_testenv::live_owner(&host.cgroup_root()),
+            Some(std::process::id())
+        );
     }
 
     let (a, b) = (&all[0], &all[1]);

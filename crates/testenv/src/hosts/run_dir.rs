@@ -79,6 +79,24 @@ fn owner_alive(dir: &Path) -> bool {
     recorded_process_alive(&dir.join("owner")).is_some()
 }
 
+/// The live process that owns run `id`, if there is one.
+pub fn live_owner(id: &str) -> Option<u32> {
+    recorded_process_alive(&Path::new(ROOT).join(id).join("owner"))
+}
+
+/// The run id in a name made for a run's host (`kt<run id>-<index>`, its
+/// cgroup root's last part) or interface ([`network::run_id_of_interface`]).
+pub fn run_id_of_name(name: &str) -> Option<&str> {
+    network::run_id_of_interface(name).or_else(|| {
+        let (id, index) = name.strip_prefix("kt")?.split_once('-')?;
+        let ours = id.len() == 6
+            && id.bytes().all(|b| b.is_ascii_hexdigit())
+            && !index.is_empty()
+            && index.bytes().all(|b| b.is_ascii_digit());
+        ours.then_some(id)
+    })
+}
+
 fn live_subnets() -> Vec<Subnet> {
     run_dirs()
         .into_iter()
@@ -125,10 +143,8 @@ pub fn clean_stale() -> Result<Vec<String>, Error> {
         .filter(|name| dead(name))
         .collect();
     network::delete_rules(&rules)?;
-    // Host names are `kt<run id>-<index>`, as interface names start.
     for host in cgroups::host_names() {
-        let run = host.strip_prefix("kt").and_then(|r| r.split_once('-'));
-        if run.is_some_and(|(id, _)| !live.iter().any(|l| l == id)) {
+        if run_id_of_name(&host).is_some_and(|id| !live.iter().any(|l| l == id)) {
             cgroups::remove(&cgroups::host_root(&host), Duration::from_secs(10))
                 .map_err(Error::io(cgroups::PARENT))?;
         }
@@ -140,5 +156,27 @@ pub fn remove_tree(dir: &Path) -> Result<(), Error> {
     match fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(dir)(e)),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_id_of_name;
+
+    #[test]
+    fn names_of_a_run_give_its_id() {
+        assert_eq!(run_id_of_name("kt0a1b2c-0"), Some("0a1b2c"));
+        assert_eq!(run_id_of_name("kt0a1b2c-17"), Some("0a1b2c"));
+        assert_eq!(run_id_of_name("kt0a1b2cbr"), Some("0a1b2c"));
+        assert_eq!(run_id_of_name("kt0a1b2cv3"), Some("0a1b2c"));
+        for other in [
+            "kt0a1b2c-",
+            "kt0a1b-0",
+            "ktzzzzzz-1",
+            "kt0a1b2c-x",
+            "worker-a1",
+        ] {
+            assert_eq!(run_id_of_name(other), None, "{other}");
+        }
     }
 }
