@@ -81,10 +81,11 @@ pub use artifacts::Request as ArtifactRequest;
 pub use error::Error;
 pub use helper::HELPER_ENV;
 
-/// The live test process whose host run a name belongs to (a host's name
-/// or cgroup root, a bridge or veth of the run), if that process still runs.
-pub fn live_owner_of(name: &str) -> Option<u32> {
-    run_dir::live_owner(run_dir::run_id_of_name(name)?)
+/// The test process that made the host run a name belongs to (a host's
+/// name or cgroup root, a bridge or veth of the run), while the run's
+/// directory is there.
+pub fn owner_of(name: &str) -> Option<u32> {
+    run_dir::owner(run_dir::run_id_of_name(name)?)
 }
 
 use crate::sys;

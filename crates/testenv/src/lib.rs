@@ -25,21 +25,24 @@ pub mod watchdog;
 
 pub use sys::parent_of;
 
-/// The live process that owns something this crate made on the machine,
-/// named by the last part of `name`: an interface, network namespace or
-/// cgroup of a host run ([`hosts::live_owner_of`]) or of a Pod runner
-/// ([`pods::net::owner_pid_of_name`]). `None` for a name of neither, and for
-/// what a process that has exited left behind: a check for leftovers uses
-/// it to tell a finished run's from those of runs beside it.
-pub fn live_owner(name: &str) -> Option<u32> {
+/// The process that made something this crate leaves on the machine while
+/// it runs, named by `name` (its last part): an interface, network
+/// namespace or cgroup of a host run ([`hosts::owner_of`]), of a Pod runner
+/// ([`pods::net::owner_pid_of_name`]) or of a load balancer; for a
+/// container's cgroup (`kok-pods/<pid>`), the container's process. `None`
+/// for a name of none of these. The process may have exited: a check for
+/// leftovers uses it to tell its own run's from those of tests beside it.
+pub fn owner_pid(name: &str) -> Option<u32> {
     let mut parts = name.rsplit('/');
     let last = parts.next().unwrap_or(name);
-    // A container's cgroup is `kok-pods/<pid of the container>`.
-    let container = (parts.next() == Some("kok-pods"))
-        .then(|| last.parse::<u32>().ok())
-        .flatten();
-    hosts::live_owner_of(last)
+    if parts.next() == Some("kok-pods") {
+        return last.parse().ok();
+    }
+    hosts::owner_of(last)
         .or_else(|| pods::net::owner_pid_of_name(last))
-        .or(container)
-        .filter(|&pid| sys::is_running(pid))
+        .or_else(|| load_balancer::owner_of_interface(last))
 }
+
+/// `pid start-time` of a running process: with [`identity_alive`], what
+/// tells a process from a later one given the same pid.
+pub use sys::{identity_alive, process_identity};

@@ -13,6 +13,8 @@
 mod backends;
 mod pool;
 
+pub use pool::owner_of as owner_of_interface;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;

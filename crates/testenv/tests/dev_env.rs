@@ -81,6 +81,8 @@ async fn the_first_command_runs_every_example_on_real_workers_and_stops_clean() 
         .spawn()
         .expect("start kok-dev-env");
     let pid = child.id().expect("a running child");
+    let ours = Ours::default();
+    let sampler = tokio::spawn(ours.clone().sample_every(Duration::from_millis(500)));
     let (tx, mut lines) = mpsc::unbounded_channel();
     tokio::spawn(collect(
         child.stdout.take().expect("stdout"),
@@ -196,14 +198,14 @@ async fn the_first_command_runs_every_example_on_real_workers_and_stops_clean() 
         "stopped {:.1}s after Ctrl-C",
         stopped.elapsed().as_secs_f64()
     );
+    sampler.abort();
+    ours.sample();
     // Tests beside this one make and remove their own hosts and Pods: only
-    // what no live process owns counts, and a run beside this one that is
-    // tearing down gets a few seconds.
+    // what this test's processes made counts, and a teardown still under way
+    // gets a few seconds.
     let mut left = Leftovers::default();
     for _ in 0..20 {
-        left = Leftovers::now_since(&before.processes)
-            .since(&before)
-            .without_live_owners();
+        left = Leftovers::now().since(&before).made_by(&ours);
         if left.is_empty() {
             break;
         }
@@ -473,14 +475,8 @@ struct Leftovers {
 
 impl Leftovers {
     fn now() -> Leftovers {
-        Leftovers::now_since(&BTreeSet::new())
-    }
-
-    /// As [`Leftovers::now`], with the processes judged against those
-    /// running in `before`.
-    fn now_since(before: &BTreeSet<String>) -> Leftovers {
         Leftovers {
-            processes: processes(before),
+            processes: processes(),
             links: lines("ip", &["-o", "link", "show"])
                 .into_iter()
                 // `name@peer` for one end of a veth pair.
@@ -510,12 +506,18 @@ impl Leftovers {
         }
     }
 
-    /// Without what a live process owns ([`kok_testenv::live_owner`]):
-    /// another test's hosts and Pods.
-    fn without_live_owners(self) -> Leftovers {
-        let unowned = |set: BTreeSet<String>| -> BTreeSet<String> {
+    /// Only what `ours` made: its processes still running, and what
+    /// [`kok_testenv::owner_pid`] names one of them as the maker of (or
+    /// names no maker of at all).
+    fn made_by(self, ours: &Ours) -> Leftovers {
+        let seen = ours.seen();
+        let pids: BTreeSet<u32> = seen
+            .iter()
+            .filter_map(|identity| identity.split(' ').next()?.parse().ok())
+            .collect();
+        let made = |set: BTreeSet<String>| -> BTreeSet<String> {
             set.into_iter()
-                .filter(|name| kok_testenv::live_owner(name).is_none())
+                .filter(|name| kok_testenv::owner_pid(name).is_none_or(|p| pids.contains(&p)))
                 .collect()
         };
         // The parents of the hosts' and containers' cgroups stay while
@@ -527,11 +529,19 @@ impl Leftovers {
                     .any(|e| Path::new(dir).join(e).is_dir())
         };
         Leftovers {
-            processes: self.processes,
-            links: unowned(self.links),
-            netns: unowned(self.netns),
-            mounts: unowned(self.mounts),
-            cgroups: unowned(self.cgroups)
+            processes: self
+                .processes
+                .into_iter()
+                .filter(|p| {
+                    let pid = p.split(' ').next().and_then(|n| n.parse().ok());
+                    pid.and_then(kok_testenv::process_identity)
+                        .is_some_and(|identity| seen.contains(&identity))
+                })
+                .collect(),
+            links: made(self.links),
+            netns: made(self.netns),
+            mounts: made(self.mounts),
+            cgroups: made(self.cgroups)
                 .into_iter()
                 .filter(|dir| !parent_in_use(dir))
                 .collect(),
@@ -547,32 +557,13 @@ impl Leftovers {
     }
 }
 
-/// `pid command line` of every user-space process that is not a
-/// descendant of a process that was already running (other than init)
-/// when `before` was taken: what a program that has exited left running is
-/// an orphan, adopted by init. Everything when `before` is empty.
-fn processes(before: &BTreeSet<String>) -> BTreeSet<String> {
-    let earlier: BTreeSet<u32> = before
-        .iter()
-        .filter_map(|p| p.split(' ').next()?.parse().ok())
-        .collect();
+/// `pid command line` of every user-space process but this one.
+fn processes() -> BTreeSet<String> {
     let me = std::process::id();
-    let started_by_earlier = |pid: u32| {
-        let mut at = pid;
-        for _ in 0..64 {
-            match kok_testenv::parent_of(at) {
-                Some(p) if p > 1 && (earlier.contains(&p) || p == me) => return true,
-                Some(p) if p > 1 => at = p,
-                _ => return false,
-            }
-        }
-        false
-    };
     dir_entries(Path::new("/proc"))
         .into_iter()
         .filter_map(|pid| pid.parse::<u32>().ok())
         .filter(|&pid| pid != me)
-        .filter(|&pid| before.is_empty() || !started_by_earlier(pid))
         .filter_map(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             if cmdline.is_empty() {
@@ -582,6 +573,51 @@ fn processes(before: &BTreeSet<String>) -> BTreeSet<String> {
             Some(format!("{pid} {}", text.trim()))
         })
         .collect()
+}
+
+/// Every process this test started, directly or not, as `pid start-time`
+/// records ([`kok_testenv::process_identity`]), sampled while it runs: what
+/// it may leave behind. A process that has been orphaned is no longer a
+/// descendant, so the samples are taken all along.
+#[derive(Clone, Default)]
+struct Ours(std::sync::Arc<std::sync::Mutex<BTreeSet<String>>>);
+
+impl Ours {
+    fn seen(&self) -> BTreeSet<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn sample(&self) {
+        let me = std::process::id();
+        let descends = |pid: u32| {
+            let mut at = pid;
+            for _ in 0..64 {
+                match kok_testenv::parent_of(at) {
+                    Some(p) if p == me => return true,
+                    Some(p) if p > 1 => at = p,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        let found: Vec<String> = dir_entries(Path::new("/proc"))
+            .into_iter()
+            .filter_map(|pid| pid.parse::<u32>().ok())
+            .filter(|&pid| pid != me && descends(pid))
+            .filter_map(kok_testenv::process_identity)
+            .collect();
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(found);
+    }
+
+    async fn sample_every(self, period: Duration) {
+        loop {
+            self.sample();
+            tokio::time::sleep(period).await;
+        }
+    }
 }
 
 /// Every cgroup directory the test hosts and the Pods' containers use, in

@@ -72,7 +72,7 @@ fn each_host_has_its_own_name_address_and_files() {
         assert!(run(host, "cat /proc/1/cmdline").contains("kok-testhost"));
         // What the run made is known to be this process's.
         assert_eq!(
-            kok_testenv::live_owner(&host.cgroup_root()),
+            kok_testenv::owner_pid(&host.cgroup_root()),
             Some(std::process::id())
         );
     }

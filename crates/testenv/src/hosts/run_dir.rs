@@ -79,9 +79,11 @@ fn owner_alive(dir: &Path) -> bool {
     recorded_process_alive(&dir.join("owner")).is_some()
 }
 
-/// The live process that owns run `id`, if there is one.
-pub fn live_owner(id: &str) -> Option<u32> {
-    recorded_process_alive(&Path::new(ROOT).join(id).join("owner"))
+/// The process that made run `id`, live or not, while its directory is
+/// there.
+pub fn owner(id: &str) -> Option<u32> {
+    let record = fs::read_to_string(Path::new(ROOT).join(id).join("owner")).ok()?;
+    record.split_whitespace().next()?.parse().ok()
 }
 
 /// The run id in a name made for a run's host (`kt<run id>-<index>`, its

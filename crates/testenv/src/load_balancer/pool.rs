@@ -54,7 +54,7 @@ fn interface_name() -> String {
 }
 
 /// The pid in a name made by [`interface_name`].
-fn owner_of(interface: &str) -> Option<u32> {
+pub fn owner_of(interface: &str) -> Option<u32> {
     let (pid, count) = interface.strip_prefix("klb")?.split_once('n')?;
     count.parse::<u32>().ok()?;
     u32::from_str_radix(pid, 16).ok()
