@@ -254,7 +254,6 @@ async fn example_becomes_a_working_kubernetes(
     );
     for binding in [
         "kube-on-kube:kubelet-bootstrap",
-        "kube-on-kube:node-autoapprove-bootstrap",
         "kube-on-kube:node-autoapprove-certificate-rotation",
         "kube-on-kube:node-operator",
         "kube-on-kube:node-proxier",

@@ -269,6 +269,32 @@ pub async fn ensure_token(client: &Client, machine: &str) -> Result<Token, Error
     Ok(token)
 }
 
+/// The Machine each bootstrap token of this operator was issued for, by
+/// token id (tokens being deleted count as gone).
+pub async fn machine_tokens(client: &Client) -> Result<BTreeMap<String, String>, Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = secrets
+        .list(&ListParams::default().labels(MACHINE_LABEL))
+        .await
+        .map_err(Error::kube(format!(
+            "list the bootstrap-token Secrets in {NAMESPACE}"
+        )))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|s| {
+            let id = s
+                .metadata
+                .name
+                .as_deref()?
+                .strip_prefix("bootstrap-token-")?;
+            let machine = s.metadata.labels.as_ref()?.get(MACHINE_LABEL)?;
+            Some((id.to_owned(), machine.clone()))
+        })
+        .collect())
+}
+
 /// Deletes the Machine's tokens: once its kubelet has joined, or when it goes.
 pub async fn delete_tokens(client: &Client, machine: &str) -> Result<(), Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);

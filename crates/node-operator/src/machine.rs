@@ -32,7 +32,7 @@ use crate::Error;
 use crate::bootstrap;
 use crate::context::Context;
 use crate::drain;
-use crate::host::{BOOTSTRAP_KUBECONFIG, CLUSTER_CA, Host, Probe};
+use crate::host::{BOOTSTRAP_KUBECONFIG, CLUSTER_CA, Host, KUBELET_KUBECONFIG, Probe};
 use crate::install::Installer;
 use crate::repair::{Refusal, Remedy};
 use crate::rollout;
@@ -148,6 +148,14 @@ async fn fail(machine: &Machine, ctx: &Context, st: &mut MachineStatus, error: &
         error.to_string(),
     )
     .await;
+    // A join that failed leaves no live token behind (the next attempt
+    // makes another); a Machine whose Node is Ready has none to delete.
+    let joined = get_node(&ctx.client, &plan::node_name(machine))
+        .await
+        .is_ok_and(|node| plan::ready(node.as_ref()));
+    if !joined && let Err(e) = bootstrap::delete_tokens(&ctx.client, &machine.name_any()).await {
+        tracing::warn!(machine = %machine.name_any(), error = %e, "deleting the bootstrap tokens of a failed join");
+    }
 }
 
 async fn converge(
@@ -408,8 +416,27 @@ async fn on_host(
     }
 
     // The kubelet reads its bootstrap kubeconfig when it starts, so it is
-    // there before the kubelet package is.
-    let joins = wanted.iter().any(|w| w.package == "kubelet") && !state.kubelet_joined;
+    // there before the kubelet package is. Whether it joins is the API's to
+    // say, not the host's: a host whose Node is Ready has a kubelet with
+    // credentials, whatever it claims, and gets no token. (One whose Node is
+    // not Ready, reinstalled say, does; the token gets a client certificate
+    // for this Machine's Node only, see serving_certs.rs.)
+    let kubelet_wanted = wanted.iter().any(|w| w.package == "kubelet");
+    let joins = kubelet_wanted && !state.kubelet_joined && !plan::ready(node);
+    if kubelet_wanted && !state.kubelet_joined && plan::ready(node) {
+        ctx.event(
+            machine,
+            EventType::Warning,
+            "CredentialsClaimedMissing",
+            "Bootstrap",
+            format!(
+                "the host says its kubelet has no credentials ({KUBELET_KUBECONFIG} is empty) \
+                 while its Node {} is Ready: no bootstrap token is given",
+                plan::node_name(machine)
+            ),
+        )
+        .await;
+    }
     let cluster = match bootstrap::cluster_info(&ctx.client).await {
         Ok(c) => Some(c),
         Err(e) if joins => return Err(e),

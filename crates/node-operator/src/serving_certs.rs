@@ -1,4 +1,6 @@
-//! Kubelet serving certificates signed by the cluster CA.
+//! Kubelet certificates signed by the cluster CA: the serving certificate of
+//! a Machine's Node, and the client certificate a kubelet joining with its
+//! Machine's bootstrap token asks for.
 //!
 //! The kubelets the node-operator installs ask for their serving
 //! certificate with a CertificateSigningRequest (`serverTLSBootstrap`,
@@ -13,8 +15,19 @@
 //! and the usages those of a TLS server. A request from such a Node that
 //! asks for more is denied, with the reason; one from a Node that is no
 //! Machine's is left to whoever else approves in this cluster.
+//!
+//! The first client certificate (signer
+//! `kubernetes.io/kube-apiserver-client-kubelet`) is asked for with a
+//! bootstrap token. Kubernetes would approve it for any node name the token
+//! holder chose (the `nodeclient` right of `system:bootstrappers`, which the
+//! add-ons no longer grant): a host holding a token could become any Node.
+//! Here a request made with a Machine's token is approved only for that
+//! Machine's Node: subject `system:node:<node>` in `system:nodes`, no
+//! alternative names, the usages of a TLS client; anything else is denied.
+//! Renewals, made with the Node's own certificate for its own name, are
+//! still approved by the controller-manager (`selfnodeclient`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +49,12 @@ use crate::machine::plan::node_name;
 /// The signer of kubelet serving certificates.
 pub const KUBELET_SERVING: &str = "kubernetes.io/kubelet-serving";
 
+/// The signer of kubelet client certificates.
+pub const KUBELET_CLIENT: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+
+/// The Machine each live bootstrap token was issued for, by token id.
+pub type Tokens = BTreeMap<String, String>;
+
 /// How often pending requests are looked at again without a change (a
 /// request may come before its Machine is in the cache).
 const RESYNC: Duration = Duration::from_secs(10);
@@ -52,16 +71,29 @@ pub enum Verdict {
     Ignore,
 }
 
-/// The verdict on `csr` given the Machines of this cluster.
+/// The verdict on `csr` given the Machines of this cluster and the live
+/// bootstrap tokens issued for them.
 pub fn judge<'a>(
     csr: &CertificateSigningRequest,
     machines: impl IntoIterator<Item = &'a Machine>,
+    tokens: &Tokens,
 ) -> Verdict {
-    let spec = &csr.spec;
-    if spec.signer_name != KUBELET_SERVING || decided(csr) {
+    if decided(csr) {
         return Verdict::Ignore;
     }
-    let Some(node) = spec
+    match csr.spec.signer_name.as_str() {
+        KUBELET_SERVING => judge_serving(csr, machines),
+        KUBELET_CLIENT => judge_client(csr, machines, tokens),
+        _ => Verdict::Ignore,
+    }
+}
+
+fn judge_serving<'a>(
+    csr: &CertificateSigningRequest,
+    machines: impl IntoIterator<Item = &'a Machine>,
+) -> Verdict {
+    let Some(node) = csr
+        .spec
         .username
         .as_deref()
         .and_then(|u| u.strip_prefix("system:node:"))
@@ -84,6 +116,55 @@ pub fn judge<'a>(
     }
 }
 
+/// A request made with a bootstrap token: only one of a Machine's live
+/// tokens is ours to judge, and it gets a certificate for that Machine's
+/// Node and nothing else.
+fn judge_client<'a>(
+    csr: &CertificateSigningRequest,
+    machines: impl IntoIterator<Item = &'a Machine>,
+    tokens: &Tokens,
+) -> Verdict {
+    let Some(token) = csr
+        .spec
+        .username
+        .as_deref()
+        .and_then(|u| u.strip_prefix("system:bootstrap:"))
+    else {
+        return Verdict::Ignore;
+    };
+    let Some(machine_name) = tokens.get(token) else {
+        return Verdict::Ignore;
+    };
+    let Some(machine) = machines.into_iter().find(|m| &m.name_any() == machine_name) else {
+        return Verdict::Ignore;
+    };
+    let node = node_name(machine);
+    match check_client(csr, &node) {
+        Ok(()) => Verdict::Approve(format!(
+            "kubelet client certificate of Machine {machine_name}'s Node {node}, \
+             asked for with its bootstrap token {token}"
+        )),
+        Err(why) => Verdict::Deny(format!(
+            "kubelet client certificate asked for with Machine {machine_name}'s bootstrap \
+             token {token}: {why}"
+        )),
+    }
+}
+
+/// The request names exactly `node` as a client: `system:node:<node>` in
+/// `system:nodes`, no alternative names, the usages of a TLS client.
+fn check_client(csr: &CertificateSigningRequest, node: &str) -> Result<(), String> {
+    usages_are(csr, "client auth", "a TLS client")?;
+    let request = Request::parse(csr)?;
+    request.subject_is_node(node)?;
+    if let Some(name) = request.alternative_names.first() {
+        return Err(format!(
+            "a client certificate names no alternative name, and this one asks for {name}"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether the request is approved or denied already.
 fn decided(csr: &CertificateSigningRequest) -> bool {
     csr.status
@@ -102,78 +183,128 @@ fn check(csr: &CertificateSigningRequest, node: &str, machine: &Machine) -> Resu
     if !groups.iter().any(|g| g == "system:nodes") {
         return Err("the requester is not in the group system:nodes".into());
     }
-    let usages: BTreeSet<&str> = spec.usages.iter().flatten().map(String::as_str).collect();
-    let allowed: BTreeSet<&str> = ["digital signature", "key encipherment", "server auth"].into();
-    if !usages.contains("server auth") || !usages.is_subset(&allowed) {
-        return Err(format!(
-            "usages {usages:?} are not those of a TLS server ({allowed:?}, with server auth)"
-        ));
-    }
-    let pem = x509_parser::pem::parse_x509_pem(&spec.request.0)
-        .map_err(|e| format!("the request is not PEM: {e}"))?
-        .1;
-    if pem.label != "CERTIFICATE REQUEST" {
-        return Err(format!("the request is a PEM {:?}", pem.label));
-    }
-    let (_, request) = X509CertificationRequest::from_der(&pem.contents)
-        .map_err(|e| format!("the request does not parse: {e}"))?;
-    let info = &request.certification_request_info;
-    let common_names: Vec<&str> = info
-        .subject
-        .iter_common_name()
-        .filter_map(|cn| cn.as_str().ok())
-        .collect();
-    let want = format!("system:node:{node}");
-    if common_names != [want.as_str()] {
-        return Err(format!(
-            "the subject's common name is {common_names:?}, not {want:?}"
-        ));
-    }
-    let organizations: Vec<&str> = info
-        .subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok())
-        .collect();
-    if organizations != ["system:nodes"] {
-        return Err(format!(
-            "the subject's organization is {organizations:?}, not [\"system:nodes\"]"
-        ));
-    }
+    usages_are(csr, "server auth", "a TLS server")?;
+    let request = Request::parse(csr)?;
+    request.subject_is_node(node)?;
     let address: IpAddr = machine.spec.ip.parse().map_err(|_| {
         format!(
             "the Machine's address {:?} is no IP address",
             machine.spec.ip
         )
     })?;
-    let mut names = 0;
-    for extension in request.requested_extensions().into_iter().flatten() {
-        let ParsedExtension::SubjectAlternativeName(san) = extension else {
-            continue;
-        };
-        for name in &san.general_names {
-            names += 1;
-            match name {
-                GeneralName::DNSName(dns) if *dns == node => {}
-                GeneralName::IPAddress(bytes) if ip_of(bytes) == Some(address) => {}
-                other => {
-                    let shown = match other {
-                        GeneralName::DNSName(dns) => format!("DNS:{dns}"),
-                        GeneralName::IPAddress(bytes) => ip_of(bytes)
-                            .map_or_else(|| format!("IP:{bytes:02x?}"), |ip| format!("IP:{ip}")),
-                        other => other.to_string(),
-                    };
-                    return Err(format!(
-                        "the subject alternative name {shown} is neither the Node's name \
-                         {node} nor the Machine's address {address}"
-                    ));
-                }
+    if request.alternative_names.is_empty() {
+        return Err("the request names no subject alternative name".into());
+    }
+    for name in &request.alternative_names {
+        match name {
+            Name::Dns(dns) if dns == node => {}
+            Name::Ip(Some(ip)) if *ip == address => {}
+            other => {
+                return Err(format!(
+                    "the subject alternative name {other} is neither the Node's name \
+                     {node} nor the Machine's address {address}"
+                ));
             }
         }
     }
-    if names == 0 {
-        return Err("the request names no subject alternative name".into());
+    Ok(())
+}
+
+/// The request's usages are `auth` (`server auth` or `client auth`) and at
+/// most a signature and key encipherment besides.
+fn usages_are(csr: &CertificateSigningRequest, auth: &str, what: &str) -> Result<(), String> {
+    let usages: BTreeSet<&str> = csr
+        .spec
+        .usages
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let allowed: BTreeSet<&str> = ["digital signature", "key encipherment", auth].into();
+    if !usages.contains(auth) || !usages.is_subset(&allowed) {
+        return Err(format!(
+            "usages {usages:?} are not those of {what} ({allowed:?}, with {auth})"
+        ));
     }
     Ok(())
+}
+
+/// What a certificate request asks for.
+struct Request {
+    common_names: Vec<String>,
+    organizations: Vec<String>,
+    alternative_names: Vec<Name>,
+}
+
+/// A subject alternative name.
+enum Name {
+    Dns(String),
+    /// An IP address, `None` when its bytes are no address.
+    Ip(Option<IpAddr>),
+    Other(String),
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Name::Dns(dns) => write!(f, "DNS:{dns}"),
+            Name::Ip(Some(ip)) => write!(f, "IP:{ip}"),
+            Name::Ip(None) => write!(f, "IP:(not an address)"),
+            Name::Other(other) => f.write_str(other),
+        }
+    }
+}
+
+impl Request {
+    fn parse(csr: &CertificateSigningRequest) -> Result<Request, String> {
+        let pem = x509_parser::pem::parse_x509_pem(&csr.spec.request.0)
+            .map_err(|e| format!("the request is not PEM: {e}"))?
+            .1;
+        if pem.label != "CERTIFICATE REQUEST" {
+            return Err(format!("the request is a PEM {:?}", pem.label));
+        }
+        let (_, request) = X509CertificationRequest::from_der(&pem.contents)
+            .map_err(|e| format!("the request does not parse: {e}"))?;
+        let info = &request.certification_request_info;
+        let text =
+            |v: &x509_parser::x509::AttributeTypeAndValue| v.as_str().map(str::to_owned).ok();
+        let mut alternative_names = Vec::new();
+        for extension in request.requested_extensions().into_iter().flatten() {
+            let ParsedExtension::SubjectAlternativeName(san) = extension else {
+                continue;
+            };
+            for name in &san.general_names {
+                alternative_names.push(match name {
+                    GeneralName::DNSName(dns) => Name::Dns((*dns).to_owned()),
+                    GeneralName::IPAddress(bytes) => Name::Ip(ip_of(bytes)),
+                    other => Name::Other(other.to_string()),
+                });
+            }
+        }
+        Ok(Request {
+            common_names: info.subject.iter_common_name().filter_map(text).collect(),
+            organizations: info.subject.iter_organization().filter_map(text).collect(),
+            alternative_names,
+        })
+    }
+
+    /// The subject is `system:node:<node>` in `system:nodes`, and nothing else.
+    fn subject_is_node(&self, node: &str) -> Result<(), String> {
+        let want = format!("system:node:{node}");
+        if self.common_names != [want.as_str()] {
+            return Err(format!(
+                "the subject's common name is {:?}, not {want:?}",
+                self.common_names
+            ));
+        }
+        if self.organizations != ["system:nodes"] {
+            return Err(format!(
+                "the subject's organization is {:?}, not [\"system:nodes\"]",
+                self.organizations
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The address in a SAN's 4 or 16 bytes.
@@ -186,12 +317,12 @@ fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
 }
 
 /// Approves or denies the kubelet serving requests of the Machines' Nodes
-/// until shutdown is requested (SIGTERM/SIGINT), as the controllers stop.
+/// and the client requests made with their bootstrap tokens until shutdown
+/// is requested (SIGTERM/SIGINT), as the controllers stop.
 pub async fn run(client: Client, machines: Store<Machine>) {
-    let api: Api<CertificateSigningRequest> = Api::all(client);
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let (store, writer) = reflector::store();
-    let config = watcher::Config::default().fields(&format!("spec.signerName={KUBELET_SERVING}"));
-    let mut changes = watcher(api.clone(), config)
+    let mut changes = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .applied_objects()
@@ -216,11 +347,38 @@ pub async fn run(client: Client, machines: Store<Machine>) {
         if ready.is_err() {
             return;
         }
+        let pending: Vec<Arc<CertificateSigningRequest>> = store
+            .state()
+            .into_iter()
+            .filter(|csr| {
+                [KUBELET_SERVING, KUBELET_CLIENT].contains(&csr.spec.signer_name.as_str())
+                    && !decided(csr)
+            })
+            .collect();
+        if pending.is_empty() {
+            continue;
+        }
+        // The tokens are read only when a client request waits, and fresh:
+        // one deleted since (its Machine joined or went) gets nothing.
+        let tokens = if pending.iter().any(|c| c.spec.signer_name == KUBELET_CLIENT) {
+            match crate::bootstrap::machine_tokens(&client).await {
+                Ok(tokens) => tokens,
+                Err(error) => {
+                    tracing::warn!(%error, "reading the bootstrap tokens");
+                    continue;
+                }
+            }
+        } else {
+            Tokens::new()
+        };
         let known: Vec<Arc<Machine>> = machines.state();
-        for csr in store.state() {
+        for csr in pending {
             let (type_, reason, message) =
-                match judge(&csr, known.iter().map(std::convert::AsRef::as_ref)) {
+                match judge(&csr, known.iter().map(std::convert::AsRef::as_ref), &tokens) {
                     Verdict::Ignore => continue,
+                    Verdict::Approve(m) if csr.spec.signer_name == KUBELET_CLIENT => {
+                        ("Approved", "MachineBootstrapToken", m)
+                    }
                     Verdict::Approve(m) => ("Approved", "MachineNodeServingCertificate", m),
                     Verdict::Deny(m) => ("Denied", "NotTheMachine", m),
                 };
@@ -306,7 +464,11 @@ mod tests {
             "system:nodes",
             &["worker-a1", "10.0.12.34"],
         );
-        let v = judge(&csr("system:node:worker-a1", &pem, &SERVER), &ms);
+        let v = judge(
+            &csr("system:node:worker-a1", &pem, &SERVER),
+            &ms,
+            &Tokens::new(),
+        );
         assert!(matches!(v, Verdict::Approve(_)), "{v:?}");
     }
 
@@ -348,11 +510,70 @@ mod tests {
             ("not a request".to_owned(), &SERVER[..], "PEM"),
         ];
         for (pem, usages, why) in cases {
-            match judge(&csr(user, &pem, usages), &ms) {
+            match judge(&csr(user, &pem, usages), &ms, &Tokens::new()) {
                 Verdict::Deny(m) => assert!(m.contains(why), "{why}: {m}"),
                 other => panic!("{why}: {other:?}"),
             }
         }
+    }
+
+    fn client_csr(token: &str, pem: &str, usages: &[&str]) -> CertificateSigningRequest {
+        let mut c = csr(&format!("system:bootstrap:{token}"), pem, usages);
+        c.spec.signer_name = KUBELET_CLIENT.into();
+        c.spec.groups = Some(vec![
+            "system:bootstrappers".into(),
+            crate::bootstrap::TOKEN_GROUP.into(),
+            "system:authenticated".into(),
+        ]);
+        c
+    }
+
+    const CLIENT: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
+
+    #[test]
+    fn a_bootstrap_token_gets_a_client_certificate_for_its_machines_node_only() {
+        let ms = [
+            machine("worker-a1", "10.0.12.34"),
+            machine("worker-b1", "10.0.12.35"),
+        ];
+        let tokens: Tokens = [("abc123".to_owned(), "worker-a1".to_owned())].into();
+        let own = request("system:node:worker-a1", "system:nodes", &[]);
+        let v = judge(&client_csr("abc123", &own, &CLIENT), &ms, &tokens);
+        assert!(matches!(v, Verdict::Approve(_)), "{v:?}");
+        let cases = [
+            (
+                request("system:node:worker-b1", "system:nodes", &[]),
+                &CLIENT[..],
+                "common name",
+            ),
+            (
+                request("system:node:worker-a1", "system:masters", &[]),
+                &CLIENT[..],
+                "organization",
+            ),
+            (
+                request("system:node:worker-a1", "system:nodes", &["worker-a1"]),
+                &CLIENT[..],
+                "alternative name",
+            ),
+            (own.clone(), &SERVER[..], "usages"),
+        ];
+        for (pem, usages, why) in cases {
+            match judge(&client_csr("abc123", &pem, usages), &ms, &tokens) {
+                Verdict::Deny(m) => assert!(m.contains(why), "{why}: {m}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+        // A token that is no Machine's (deleted once its Machine joined, or
+        // another's) is not ours to judge: nothing approves it.
+        assert_eq!(
+            judge(&client_csr("zzz999", &own, &CLIENT), &ms, &tokens),
+            Verdict::Ignore
+        );
+        // A Node renewing with its own certificate is the controller-manager's.
+        let mut renewal = csr("system:node:worker-a1", &own, &CLIENT);
+        renewal.spec.signer_name = KUBELET_CLIENT.into();
+        assert_eq!(judge(&renewal, &ms, &tokens), Verdict::Ignore);
     }
 
     #[test]
@@ -361,15 +582,22 @@ mod tests {
         let pem = request("system:node:worker-b", "system:nodes", &["worker-b"]);
         // No Machine's Node.
         assert_eq!(
-            judge(&csr("system:node:worker-b", &pem, &SERVER), &ms),
+            judge(
+                &csr("system:node:worker-b", &pem, &SERVER),
+                &ms,
+                &Tokens::new()
+            ),
             Verdict::Ignore
         );
         // Not a node at all.
-        assert_eq!(judge(&csr("alice", &pem, &SERVER), &ms), Verdict::Ignore);
+        assert_eq!(
+            judge(&csr("alice", &pem, &SERVER), &ms, &Tokens::new()),
+            Verdict::Ignore
+        );
         let pem = request("system:node:worker-a1", "system:nodes", &["worker-a1"]);
         let mut other = csr("system:node:worker-a1", &pem, &SERVER);
         other.spec.signer_name = "kubernetes.io/kube-apiserver-client-kubelet".into();
-        assert_eq!(judge(&other, &ms), Verdict::Ignore);
+        assert_eq!(judge(&other, &ms, &Tokens::new()), Verdict::Ignore);
         let mut done = csr("system:node:worker-a1", &pem, &SERVER);
         done.status = Some(Default::default());
         done.status.as_mut().expect("status").conditions = Some(vec![
@@ -379,6 +607,6 @@ mod tests {
                 ..Default::default()
             },
         ]);
-        assert_eq!(judge(&done, &ms), Verdict::Ignore);
+        assert_eq!(judge(&done, &ms, &Tokens::new()), Verdict::Ignore);
     }
 }

@@ -16,6 +16,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Secret};
@@ -217,12 +218,16 @@ async fn machines_join_are_repaired_and_leave() {
                 .starts_with("system:bootstrap:")
         );
         let status = csr.status.clone().unwrap();
+        // Approved by the node-operator, for this Machine's token (the
+        // controller-manager approves no bootstrap request here).
         assert!(
             status
                 .conditions
                 .iter()
                 .flatten()
-                .any(|c| c.type_ == "Approved")
+                .any(|c| c.type_ == "Approved"
+                    && c.reason.as_deref() == Some("MachineBootstrapToken")),
+            "{status:?}"
         );
         assert!(status.certificate.is_some());
     }
@@ -387,6 +392,17 @@ async fn machines_join_are_repaired_and_leave() {
     );
     let sessions: Vec<usize> = three.iter().map(ssh_sessions).collect();
 
+    // A Ready worker whose host says its kubelet has no credentials (an
+    // emptied kubelet.conf: what a compromised worker would do to be handed
+    // a token) is given none at the periodic check below: whether a Machine
+    // joins is the API's word, not the host's.
+    let h0 = &three[0];
+    on(
+        h0,
+        "cp /etc/kubernetes/kubelet.conf /etc/kubernetes/kubelet.conf.kept && \
+         : > /etc/kubernetes/kubelet.conf",
+    );
+
     // With a short interval the periodic checks do open sessions (and
     // still download nothing). From here on the operator also remedies a
     // kernel deadlock (a condition node-problem-detector reports; the kubelet
@@ -416,6 +432,29 @@ async fn machines_join_are_repaired_and_leave() {
         requests,
         "nothing downloaded by periodic checks"
     );
+    wait_for(
+        "the claim of missing credentials reported",
+        Duration::from_secs(30),
+        async || {
+            has_event(&client, h0.name(), "CredentialsClaimedMissing")
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    let tokens = Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .list(&ListParams::default().labels("kubeonkube.io/machine"))
+        .await
+        .unwrap();
+    assert!(
+        tokens.items.is_empty(),
+        "a token was issued to a Ready worker"
+    );
+    on(
+        h0,
+        "mv /etc/kubernetes/kubelet.conf.kept /etc/kubernetes/kubelet.conf",
+    );
+    bootstrap_requests_get_only_their_machines_node(&h, three).await;
     for host in three {
         let m = machines.get(host.name()).await.unwrap();
         assert_eq!(phase(&m), Some(MachinePhase::Ready));
@@ -700,6 +739,112 @@ async fn machines_join_are_repaired_and_leave() {
 
 /// The session counter the test above relies on counts what sshd opens:
 /// one per command, and nothing when nothing is run.
+/// A client of the business API authenticating with a bootstrap token.
+async fn token_client(h: &Harness, token: &node_operator::bootstrap::Token) -> kube::Client {
+    let mut config = h.env.kubeconfig().clone();
+    for named in &mut config.auth_infos {
+        named.auth_info = Some(kube::config::AuthInfo {
+            token: Some(format!("{}.{}", token.id, token.secret).into()),
+            ..Default::default()
+        });
+    }
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// Creates a kubelet client certificate request for `node` as `client`.
+async fn node_client_csr(client: &kube::Client, name: &str, node: &str) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "request": base64::engine::general_purpose::STANDARD
+                .encode(params.serialize_request(&key).unwrap().pem().unwrap()),
+            "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+            "usages": ["digital signature", "client auth"],
+        },
+    }))
+    .unwrap();
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .create(&Default::default(), &csr)
+        .await
+        .unwrap();
+}
+
+/// The decision on CSR `name`: its Approved or Denied condition's type and
+/// reason.
+async fn decision(client: &kube::Client, name: &str) -> Option<(String, String)> {
+    let csr = Api::<CertificateSigningRequest>::all(client.clone())
+        .get(name)
+        .await
+        .ok()?;
+    csr.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "Approved" || c.type_ == "Denied")
+        .map(|c| (c.type_, c.reason.unwrap_or_default()))
+}
+
+/// A bootstrap token gets a client certificate for its own Machine's Node
+/// only: one of a Machine's tokens asking for another Node's name is
+/// denied, and a token that is no Machine's (any other holder of a token in
+/// `system:bootstrappers`) gets nothing approved for any name.
+async fn bootstrap_requests_get_only_their_machines_node(
+    h: &Harness,
+    three: &[kok_testenv::hosts::TestHost],
+) {
+    let secrets = Api::<Secret>::namespaced(h.client.clone(), "kube-system");
+    let expires = k8s_openapi::jiff::Timestamp::now() + node_operator::bootstrap::TOKEN_LIFETIME;
+    let machines_token = node_operator::bootstrap::new_token(expires).unwrap();
+    let secret = node_operator::bootstrap::token_secret(three[1].name(), &machines_token);
+    secrets.create(&Default::default(), &secret).await.unwrap();
+    let other_token = node_operator::bootstrap::new_token(expires).unwrap();
+    let mut other = node_operator::bootstrap::token_secret("none", &other_token);
+    other.metadata.labels = None;
+    secrets.create(&Default::default(), &other).await.unwrap();
+    let (victim, own) = (three[2].name(), three[1].name());
+    node_client_csr(&token_client(h, &other_token).await, "attack-plain", victim).await;
+    let with_machines = token_client(h, &machines_token).await;
+    node_client_csr(&with_machines, "attack-machine", victim).await;
+    node_client_csr(&with_machines, "own-machine", own).await;
+    let decided = |name: &'static str| async move {
+        wait_for(
+            &format!("CSR {name} decided"),
+            Duration::from_secs(30),
+            async || decision(&h.client, name).await,
+        )
+        .await
+    };
+    assert_eq!(
+        decided("attack-machine").await,
+        ("Denied".into(), "NotTheMachine".into())
+    );
+    assert_eq!(
+        decided("own-machine").await,
+        ("Approved".into(), "MachineBootstrapToken".into())
+    );
+    // Judged in the same passes as the two above; the controller-manager
+    // decides at once when it decides at all.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(decision(&h.client, "attack-plain").await, None);
+    for s in [&secret, &other] {
+        secrets
+            .delete(&s.name_any(), &Default::default())
+            .await
+            .unwrap();
+    }
+}
+
 #[test]
 fn ssh_sessions_are_counted() {
     let hosts = kok_testenv::hosts::TestHosts::start_with(kok_testenv::hosts::HostsOptions {
