@@ -196,6 +196,7 @@ async fn kubelet_certificate(
     admin: &Client,
     node: &str,
     what: &str,
+    auto_approved: bool,
 ) -> (Vec<u8>, String) {
     let (csr, key) = node_csr(node);
     let request: CertificateSigningRequest = serde_json::from_value(json!({
@@ -213,6 +214,31 @@ async fn kubelet_certificate(
         .unwrap_or_else(|e| panic!("{what}: creating the CSR: {e}"));
     let name = created.name_any();
     let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let reason = if auto_approved {
+        "AutoApproved"
+    } else {
+        // Nothing in the business cluster approves it by itself (the
+        // controller-manager decides at once when it decides at all); an
+        // approver with the right to (the node-operator, for its Machines'
+        // tokens) does.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let status = csrs.get(&name).await.expect("csr").status;
+        assert!(
+            status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .is_empty(),
+            "{what}: CSR {name} was decided by the cluster itself"
+        );
+        let approval = json!({"status": {"conditions": [{
+            "type": "Approved", "status": "True", "reason": "ApprovedByTheTest",
+            "message": "a token of no Machine; approved by the admin",
+        }]}});
+        csrs.patch_approval(&name, &PatchParams::default(), &Patch::Merge(&approval))
+            .await
+            .expect("approve");
+        "ApprovedByTheTest"
+    };
     let signed = wait_for(
         &format!("{what}: CSR {name} to be approved and signed"),
         Duration::from_secs(90),
@@ -220,9 +246,7 @@ async fn kubelet_certificate(
             let csr = csrs.get(&name).await.ok()?;
             let status = csr.status?;
             let approved = status.conditions.iter().flatten().any(|c| {
-                c.type_ == "Approved"
-                    && c.status == "True"
-                    && c.reason.as_deref() == Some("AutoApproved")
+                c.type_ == "Approved" && c.status == "True" && c.reason.as_deref() == Some(reason)
             });
             let certificate = status.certificate.filter(|c| !c.0.is_empty())?;
             approved.then_some(certificate.0)
@@ -292,7 +316,10 @@ async fn bootstrap_works(client: &Client, ns: &str, server: &str, endpoint: &str
     .await;
 
     // The token authenticates; a kubelet client certificate asked for with
-    // it is approved and signed by the business cluster alone.
+    // it is not approved by the business cluster alone (a bootstrap token
+    // could otherwise become any Node: the node-operator approves those of
+    // its Machines' tokens, for their own Node only), and once approved it
+    // is signed by the business cluster.
     let bootstrap = client_as(
         server,
         &ca_data,
@@ -307,7 +334,8 @@ async fn bootstrap_works(client: &Client, ns: &str, server: &str, endpoint: &str
         "{groups:?}"
     );
     let node = "addons-joiner";
-    let (cert, key) = kubelet_certificate(&bootstrap, &admin, node, "first certificate").await;
+    let (cert, key) =
+        kubelet_certificate(&bootstrap, &admin, node, "first certificate", false).await;
     let kubelet = client_as(
         server,
         &ca_data,
@@ -317,8 +345,9 @@ async fn bootstrap_works(client: &Client, ns: &str, server: &str, endpoint: &str
     let (user, groups) = whoami(&kubelet).await;
     assert_eq!(user, format!("system:node:{node}"));
     assert!(groups.contains(&"system:nodes".to_string()), "{groups:?}");
-    // The node renews its certificate with the one it has.
-    kubelet_certificate(&kubelet, &admin, node, "renewal").await;
+    // The node renews its certificate with the one it has, approved by the
+    // business cluster alone.
+    kubelet_certificate(&kubelet, &admin, node, "renewal", true).await;
 }
 
 /// `appliedAt` of every add-on in the inventory ConfigMap.
