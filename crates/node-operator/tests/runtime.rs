@@ -141,11 +141,17 @@ async fn leader_reconciles_machines_standby_waits_and_sigterm_hands_over() {
         (holder(&leases).await.as_deref() == Some("node-a")).then_some(())
     })
     .await;
-    let (_, why) = wait_for("node-a /readyz 200", Duration::from_secs(60), async || {
-        a.get("/readyz").filter(|(s, _)| *s == 200)
-    })
+    // The Lease names node-a a moment before node-a has taken the lead and
+    // synced its caches; until then it answers as a standby.
+    wait_for(
+        "node-a /readyz 200 with its caches synced",
+        Duration::from_secs(60),
+        async || {
+            a.get("/readyz")
+                .filter(|(s, why)| *s == 200 && why.contains("caches synced"))
+        },
+    )
     .await;
-    assert!(why.contains("caches synced"), "{why}");
     let b = Replica::start(env, "node-b");
     let (_, why) = wait_for("node-b /readyz 200", Duration::from_secs(60), async || {
         b.get("/readyz").filter(|(s, _)| *s == 200)
