@@ -263,19 +263,7 @@ async fn machines_join_are_repaired_and_leave() {
     })
     .await;
     // No bootstrap token is left once the kubelets have their own credentials.
-    let tokens = Api::<Secret>::namespaced(client.clone(), "kube-system")
-        .list(&ListParams::default().labels("kubeonkube.io/machine"))
-        .await
-        .unwrap();
-    assert!(
-        tokens.items.is_empty(),
-        "{:?}",
-        tokens
-            .items
-            .iter()
-            .map(|s| s.name_any())
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(machine_tokens(&client).await, Vec::<String>::new());
 
     // Converged means no more work: across re-checks and a restart nothing is
     // downloaded or bootstrapped again, and downloads were at most once per
@@ -442,12 +430,9 @@ async fn machines_join_are_repaired_and_leave() {
         },
     )
     .await;
-    let tokens = Api::<Secret>::namespaced(client.clone(), "kube-system")
-        .list(&ListParams::default().labels("kubeonkube.io/machine"))
-        .await
-        .unwrap();
-    assert!(
-        tokens.items.is_empty(),
+    assert_eq!(
+        machine_tokens(&client).await,
+        Vec::<String>::new(),
         "a token was issued to a Ready worker"
     );
     on(
@@ -739,6 +724,18 @@ async fn machines_join_are_repaired_and_leave() {
 
 /// The session counter the test above relies on counts what sshd opens:
 /// one per command, and nothing when nothing is run.
+/// The bootstrap-token Secrets of any Machine.
+async fn machine_tokens(client: &kube::Client) -> Vec<String> {
+    Api::<Secret>::namespaced(client.clone(), "kube-system")
+        .list(&ListParams::default().labels("kubeonkube.io/machine"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect()
+}
+
 /// A client of the business API authenticating with a bootstrap token.
 async fn token_client(h: &Harness, token: &node_operator::bootstrap::Token) -> kube::Client {
     let mut config = h.env.kubeconfig().clone();
