@@ -10,7 +10,7 @@ use super::Error;
 use super::supervisor;
 
 /// How many finished runs keep their logs at least, besides runs still in
-/// progress. Every test is a run of its own under nextest (a process per
+/// progress (their Pods' state, volumes included, goes at once). Every test is a run of its own under nextest (a process per
 /// test), so runs younger than [`KEEP_FINISHED_FOR`] are kept too: a failed
 /// test's logs outlive the rest of its suite.
 const KEEP_FINISHED_RUNS: usize = 10;
@@ -104,9 +104,32 @@ fn prune_runs(root: &Path, current: &Path) {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    for (started, dir) in finished.into_iter().skip(KEEP_FINISHED_RUNS) {
-        if now.saturating_sub(started) > KEEP_FINISHED_FOR {
+    for (i, (started, dir)) in finished.into_iter().enumerate() {
+        if i >= KEEP_FINISHED_RUNS && now.saturating_sub(started) > KEEP_FINISHED_FOR {
             let _ = std::fs::remove_dir_all(dir);
+        } else {
+            remove_pod_state(&dir);
+        }
+    }
+}
+
+/// Deletes what a finished run's Pod runners kept besides logs (their
+/// `pods-state-*`: volume claims with etcd data, Pods' working files), a
+/// few hundred megabytes a run; its logs stay.
+fn remove_pod_state(run: &Path) {
+    for env in std::fs::read_dir(run).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(env.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("pods-state-")
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
 }
