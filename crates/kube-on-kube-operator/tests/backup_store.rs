@@ -509,3 +509,72 @@ async fn a_follower_gives_the_snapshot_and_none_is_taken_without_quorum() {
     );
     assert_eq!(store.list().await.unwrap(), vec![taken]);
 }
+
+/// Resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// The bucket is the tenant's: it may hold anything under a manifest's
+/// name, and any number of objects under its prefix. A 64 MiB manifest is
+/// refused without being read (the process grows by far less than it),
+/// and says why; a prefix holding more objects than one listing reads is
+/// refused after that many; another prefix of the same bucket (another
+/// Cluster's) still lists its snapshot.
+#[tokio::test]
+async fn oversized_objects_and_listings_are_refused_without_being_read() {
+    let member = start_member().await;
+    let s3 = S3Server::start(&S3Options::default()).unwrap();
+    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let now = OffsetDateTime::now_utc();
+    let taken: Manifest = backup::take(&member.client, &store, None, None, None, now)
+        .await
+        .unwrap();
+    let mut other_config = store_config(&s3);
+    other_config.prefix = "clusters/tenant-b/c2".into();
+    let other = SnapshotStore::new(&other_config).unwrap();
+    backup::take(&member.client, &other, None, None, None, now)
+        .await
+        .unwrap();
+
+    let path = s3.object_path(
+        s3.bucket(),
+        &format!("{PREFIX}/{}", taken.manifest_object()),
+    );
+    let huge = noise(64 * 1024 * 1024, 7);
+    std::fs::write(&path, &huge).unwrap();
+    drop(huge);
+    let before = rss();
+    let e = store.list().await.unwrap_err();
+    assert!(matches!(e, StoreError::TooLarge { .. }), "{e:?}");
+    assert!(e.to_string().contains("manifest"), "{e}");
+    let e = store.manifest(&taken.name).await.unwrap_err();
+    assert!(matches!(e, StoreError::TooLarge { .. }), "{e:?}");
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 16 * 1024 * 1024,
+        "reading the oversized manifest grew the process by {grown} bytes"
+    );
+    assert_eq!(other.list().await.unwrap().len(), 1);
+
+    // More objects under a prefix than one listing reads (written where
+    // the server's POSIX backend keeps them).
+    let mut many_config = store_config(&s3);
+    many_config.prefix = "clusters/tenant-c/c3".into();
+    let many = SnapshotStore::new(&many_config).unwrap();
+    let dir = s3.object_path(s3.bucket(), "clusters/tenant-c/c3");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..=backup::store::MAX_LISTED_OBJECTS {
+        std::fs::write(dir.join(format!("x{i}")), b"").unwrap();
+    }
+    let e = many.list().await.unwrap_err();
+    assert!(matches!(e, StoreError::TooMany { .. }), "{e:?}");
+    assert_eq!(other.list().await.unwrap().len(), 1);
+}

@@ -34,6 +34,18 @@ const PART_SIZE: usize = 8 * 1024 * 1024;
 /// Parts uploading at once: memory held is about this many parts.
 const PARTS_IN_FLIGHT: usize = 2;
 
+/// The most of a manifest the operator reads. One it writes has a few
+/// hundred bytes; the bucket is the tenant's, and may hold anything under
+/// the name.
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024;
+/// The most of a sealed PKI bundle the operator reads (one it writes has a
+/// few tens of KiB).
+pub const MAX_PKI_BYTES: u64 = 1024 * 1024;
+/// The most objects one listing of a prefix reads: a prefix a tenant filled
+/// with millions of objects costs one bounded pass, not the operator's
+/// memory.
+pub const MAX_LISTED_OBJECTS: usize = 10_000;
+
 /// Why a snapshot could not be stored, listed or fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -108,6 +120,16 @@ pub enum StoreError {
     /// The object does not end with the sha256 of the database before it.
     #[error("snapshot object {key} does not end with the sha256 of its database")]
     NotASnapshot { key: String },
+    /// An object larger than the operator reads of its kind.
+    #[error("{key} has more than the {limit} bytes a {what} may have; not read")]
+    TooLarge {
+        key: String,
+        what: &'static str,
+        limit: u64,
+    },
+    /// More objects under the prefix than one listing reads.
+    #[error("more than {limit} objects under {prefix}; not listed")]
+    TooMany { prefix: String, limit: usize },
     /// A local file could not be written.
     #[error("{what} {path}: {source}", path = path.display())]
     File {
@@ -134,6 +156,7 @@ impl StoreError {
             StoreError::Size { .. }
             | StoreError::Checksum { .. }
             | StoreError::NotASnapshot { .. } => "backup-corrupt",
+            StoreError::TooLarge { .. } | StoreError::TooMany { .. } => "backup-too-large",
             StoreError::File { .. } => "backup-file",
         }
     }
@@ -517,16 +540,7 @@ impl SnapshotStore {
             });
         };
         let key = self.key(&pki.object);
-        let bytes = match self.store.get(&key).await {
-            Ok(got) => got.bytes().await,
-            Err(e) => Err(e),
-        }
-        .map_err(|e| match e {
-            object_store::Error::NotFound { .. } => StoreError::Missing {
-                key: self.shown(&key),
-            },
-            e => StoreError::from_storage(format!("reading {}", self.shown(&key)), e),
-        })?;
+        let bytes = self.read_bounded(&key, "PKI bundle", MAX_PKI_BYTES).await?;
         let mut digest = FileDigest::default();
         digest.update(&bytes);
         let actual = digest.finish().sha256;
@@ -537,7 +551,7 @@ impl SnapshotStore {
                 actual,
             });
         }
-        Ok(bytes.to_vec())
+        Ok(bytes)
     }
 
     /// Feeds `data` into the upload, hashing it; the upload is not finished.
@@ -615,30 +629,46 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// The objects directly under the prefix.
+    /// The objects directly under the prefix, at most
+    /// [`MAX_LISTED_OBJECTS`] of them: the listing is read page by page and
+    /// stops there.
     async fn objects(&self) -> Result<Vec<Listed>, StoreError> {
         let where_ = match &self.prefix {
             Some(p) => format!("{}/{p}/", self.bucket),
             None => format!("{}/", self.bucket),
         };
-        let listed = match self.store.list_with_delimiter(self.prefix.as_ref()).await {
-            Ok(listed) => listed,
-            Err(e) => {
-                return Err(self
-                    .classify_list_error(format!("listing {where_}"), e)
-                    .await);
+        let depth = self.prefix.as_ref().map_or(0, |p| p.parts().count());
+        let mut listing = self.store.list(self.prefix.as_ref());
+        let mut objects = Vec::new();
+        let mut seen = 0usize;
+        while let Some(item) = listing.next().await {
+            let object = match item {
+                Ok(object) => object,
+                Err(e) => {
+                    return Err(self
+                        .classify_list_error(format!("listing {where_}"), e)
+                        .await);
+                }
+            };
+            seen += 1;
+            if seen > MAX_LISTED_OBJECTS {
+                return Err(StoreError::TooMany {
+                    prefix: where_,
+                    limit: MAX_LISTED_OBJECTS,
+                });
             }
-        };
-        Ok(listed
-            .objects
-            .iter()
-            .filter_map(|o| {
-                Some(Listed {
-                    name: o.location.filename()?.to_string(),
-                    size: o.size,
-                })
-            })
-            .collect())
+            // Directly under the prefix only, as a listing with a delimiter.
+            if object.location.parts().count() != depth + 1 {
+                continue;
+            }
+            if let Some(name) = object.location.filename() {
+                objects.push(Listed {
+                    name: name.to_string(),
+                    size: object.size,
+                });
+            }
+        }
+        Ok(objects)
     }
 
     /// Deletes the objects of snapshots cut short before `newest` (see
@@ -677,19 +707,48 @@ impl SnapshotStore {
         }
     }
 
+    /// The object at `key`, read as it streams and refused once it passes
+    /// `limit` bytes (the size the storage announces is not trusted): a
+    /// tenant's object costs the operator at most `limit` of memory.
+    async fn read_bounded(
+        &self,
+        key: &Path,
+        what: &'static str,
+        limit: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let failed = |e: object_store::Error| match e {
+            object_store::Error::NotFound { .. } => StoreError::Missing {
+                key: self.shown(key),
+            },
+            e => StoreError::from_storage(format!("reading {}", self.shown(key)), e),
+        };
+        let too_large = || StoreError::TooLarge {
+            key: self.shown(key),
+            what,
+            limit,
+        };
+        let got = self.store.get(key).await.map_err(failed)?;
+        if got.meta.size > limit {
+            return Err(too_large());
+        }
+        let mut stream = got.into_stream();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(failed)?;
+            if (bytes.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(bytes)
+    }
+
     /// The manifest of snapshot `name`.
     pub async fn manifest(&self, name: &str) -> Result<Manifest, StoreError> {
         let key = self.key(&format!("{name}{MANIFEST_SUFFIX}"));
-        let bytes = match self.store.get(&key).await {
-            Ok(got) => got.bytes().await,
-            Err(e) => Err(e),
-        };
-        let bytes = bytes.map_err(|e| match e {
-            object_store::Error::NotFound { .. } => StoreError::Missing {
-                key: self.shown(&key),
-            },
-            e => StoreError::from_storage(format!("reading {}", self.shown(&key)), e),
-        })?;
+        let bytes = self
+            .read_bounded(&key, "manifest", MAX_MANIFEST_BYTES)
+            .await?;
         Manifest::parse(&bytes, name).map_err(|source| StoreError::Manifest {
             key: self.shown(&key),
             source,
