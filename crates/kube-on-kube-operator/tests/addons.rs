@@ -173,21 +173,6 @@ async fn whoami(client: &Client) -> (String, Vec<String>) {
     )
 }
 
-/// A kubelet client certificate request for Node `node`: (CSR PEM, key PEM).
-fn node_csr(node: &str) -> (String, String) {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:nodes");
-    let csr = params.serialize_request(&key).expect("csr");
-    (csr.pem().expect("csr pem"), key.serialize_pem())
-}
-
 /// Request a kubelet client certificate for `node` as `requester` and wait
 /// until the business cluster approves and signs it on its own: the
 /// certificate (PEM) and its key.
@@ -198,7 +183,7 @@ async fn kubelet_certificate(
     what: &str,
     auto_approved: bool,
 ) -> (Vec<u8>, String) {
-    let (csr, key) = node_csr(node);
+    let (csr, key) = kok_testenv::node_csr(node).expect("csr");
     let request: CertificateSigningRequest = serde_json::from_value(json!({
         "metadata": {"generateName": "node-csr-"},
         "spec": {

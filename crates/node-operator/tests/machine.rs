@@ -753,20 +753,11 @@ async fn token_client(h: &Harness, token: &node_operator::bootstrap::Token) -> k
 
 /// Creates a kubelet client certificate request for `node` as `client`.
 async fn node_client_csr(client: &kube::Client, name: &str, node: &str) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    let (request, _key) = kok_testenv::node_csr(node).unwrap();
     let csr: CertificateSigningRequest = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
-            "request": base64::engine::general_purpose::STANDARD
-                .encode(params.serialize_request(&key).unwrap().pem().unwrap()),
+            "request": base64::engine::general_purpose::STANDARD.encode(request),
             "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
             "usages": ["digital signature", "client auth"],
         },

@@ -46,3 +46,20 @@ pub fn owner_pid(name: &str) -> Option<u32> {
 /// `pid start-time` of a running process: with [`identity_alive`], what
 /// tells a process from a later one given the same pid.
 pub use sys::{identity_alive, process_identity};
+
+/// A kubelet's client certificate request for Node `node`, as a kubelet
+/// makes it when it joins (subject `system:node:<node>` in `system:nodes`,
+/// no alternative names): (CSR PEM, private key PEM).
+pub fn node_csr(node: &str) -> Result<(String, String), rcgen::Error> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    let csr = params.serialize_request(&key)?.pem()?;
+    Ok((csr, key.serialize_pem()))
+}

@@ -242,16 +242,7 @@ async fn tls_bootstrap(name: &str, bootstrap: &Path, kubeconfig: &Path) -> anyho
     let client = Client::try_from(
         Config::from_custom_kubeconfig(config.clone(), &KubeConfigOptions::default()).await?,
     )?;
-    let key = rcgen::KeyPair::generate()?;
-    let mut params = rcgen::CertificateParams::default();
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("system:node:{name}"));
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, "system:nodes");
-    let request = params.serialize_request(&key)?.pem()?;
+    let (request, key) = kok_testenv::node_csr(name)?;
     let csrs: Api<CertificateSigningRequest> = Api::all(client);
     let csr_name = format!("node-csr-{name}-{}", std::process::id());
     let csr = CertificateSigningRequest {
@@ -301,7 +292,7 @@ async fn tls_bootstrap(name: &str, bootstrap: &Path, kubeconfig: &Path) -> anyho
         name: "node".into(),
         auth_info: Some(AuthInfo {
             client_certificate_data: Some(b64(&certificate)),
-            client_key_data: Some(b64(key.serialize_pem().as_bytes()).into()),
+            client_key_data: Some(b64(key.as_bytes()).into()),
             ..Default::default()
         }),
         other: Default::default(),
