@@ -12,6 +12,9 @@
 # --cluster (the other would only take the machine's CPU): that Cluster with
 # its example worker, plus the spare host joined as a second worker with
 # spare-workers.yaml, as a user would. Everything is stopped at the end.
+# With --env DIR the suite runs against a dev environment already running
+# with --dir DIR (the dev environment's test does this): nothing is started,
+# joined or stopped, and the Cluster has the workers it has there.
 # Each spec is named in the output as it ends (ginkgo -v), so a run stopped
 # early still says what ran.
 #
@@ -22,6 +25,7 @@
 #   scripts/conformance.sh                              # every [Conformance] spec
 #   scripts/conformance.sh --focus 'sig-network.*Services'  # within those
 #   scripts/conformance.sh --cluster clusters/prod-east --procs 2
+#   scripts/conformance.sh --env /tmp/dev --focus 'sig-node.*Pods'  # a running one
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Cargo's target directory is cached outside the repository, as
@@ -34,6 +38,7 @@ skip=''
 procs=4
 out=target/conformance
 serial=yes
+env_dir=''
 while [ $# -gt 0 ]; do
   case $1 in
     --cluster) cluster=$2; shift 2 ;;
@@ -42,7 +47,8 @@ while [ $# -gt 0 ]; do
     --procs) procs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-serial) serial=no; shift ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --env) env_dir=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,24 +64,28 @@ KOK_TESTENV_BIN_DIR=$(scripts/testenv-bins.sh --e2e | tail -n 1)
 export KOK_TESTENV_BIN_DIR
 scripts/node-software.sh "$CARGO_TARGET_DIR/node-software-logs"
 scripts/node-images.sh --e2e >/dev/null
-# KOK_DEV_OPERATORS_DIR names a directory where the workspace's binaries are
-# built already (scripts/test.sh's build, for the conformance test): then
-# nothing is built here, and no build with other features than the test
-# build's runs inside a test.
-if [ -n "${KOK_DEV_OPERATORS_DIR:-}" ]; then
-  target=$KOK_DEV_OPERATORS_DIR
-else
-  cargo build --bin kube-on-kube-operator --bin node-operator --bin kubectl-kok \
-    --bin kok-dev-env --bin kok-pod-exec --bin kok-testhost
-  target=$CARGO_TARGET_DIR/debug
-fi
 bin=$KOK_TESTENV_BIN_DIR
 export PATH="$bin:$PATH"
-
-rm -rf "$out" && mkdir -p "$out/env" "$out/examples"
+rm -rf "$out" && mkdir -p "$out"
 out=$(cd "$out" && pwd)
-# The examples without the other Clusters.
-python3 - "$cluster" examples "$out/examples" <<'PY'
+
+if [ -n "$env_dir" ]; then
+  kc="$env_dir/$name.kubeconfig"
+  [ -f "$kc" ] || { echo "no $kc: is a dev environment running with --dir $env_dir, with $cluster?" >&2; exit 2; }
+  log "the running dev environment's $cluster ($kc)"
+else
+  # KOK_DEV_OPERATORS_DIR names a directory where the workspace's binaries
+  # are built already (scripts/test.sh's build): then nothing is built here.
+  if [ -n "${KOK_DEV_OPERATORS_DIR:-}" ]; then
+    target=$KOK_DEV_OPERATORS_DIR
+  else
+    cargo build --bin kube-on-kube-operator --bin node-operator --bin kubectl-kok \
+      --bin kok-dev-env --bin kok-pod-exec --bin kok-testhost
+    target=$CARGO_TARGET_DIR/debug
+  fi
+  mkdir -p "$out/env" "$out/examples"
+  # The examples without the other Clusters.
+  python3 - "$cluster" examples "$out/examples" <<'PY'
 import glob, os, re, sys
 cluster, src, dst = sys.argv[1:4]
 found = False
@@ -100,27 +110,28 @@ for path in sorted(glob.glob(os.path.join(src, "*.yaml")) + glob.glob(os.path.jo
 if not found:
     sys.exit(f"no example Cluster {cluster} in {src}/")
 PY
-log "starting the dev environment (its output: $out/env.log)"
-"$target/kok-dev-env" --dir "$out/env" --examples "$out/examples" --operators-dir "$target" \
-  --workers-cluster "$cluster" --spare-hosts 1 >"$out/env.log" 2>&1 &
-envpid=$!
-stop_env() {
-  kill -INT $envpid 2>/dev/null || return 0
-  log "stopping the dev environment"
-  wait $envpid 2>/dev/null || true
-}
-trap stop_env EXIT
-for _ in $(seq 900); do
-  grep -q 'every example converged' "$out/env.log" && break
-  kill -0 $envpid 2>/dev/null || { tail -30 "$out/env.log" >&2; log "the dev environment ended"; exit 1; }
-  sleep 1
-done
-grep -q 'every example converged' "$out/env.log" || { tail -30 "$out/env.log" >&2; exit 1; }
-kc="$out/env/$name.kubeconfig"
-log "joining the spare host to $cluster"
-kubectl --kubeconfig "$kc" apply -f "$out/env/spare-workers.yaml" >&2
-kubectl --kubeconfig "$kc" wait --for=condition=Ready machine/spare-0 --timeout=10m >&2
-kubectl --kubeconfig "$kc" wait --for=condition=Ready node --all --timeout=5m >&2
+  log "starting the dev environment (its output: $out/env.log)"
+  "$target/kok-dev-env" --dir "$out/env" --examples "$out/examples" --operators-dir "$target" \
+    --workers-cluster "$cluster" --spare-hosts 1 >"$out/env.log" 2>&1 &
+  envpid=$!
+  stop_env() {
+    kill -INT $envpid 2>/dev/null || return 0
+    log "stopping the dev environment"
+    wait $envpid 2>/dev/null || true
+  }
+  trap stop_env EXIT
+  for _ in $(seq 900); do
+    grep -q 'every example converged' "$out/env.log" && break
+    kill -0 $envpid 2>/dev/null || { tail -30 "$out/env.log" >&2; log "the dev environment ended"; exit 1; }
+    sleep 1
+  done
+  grep -q 'every example converged' "$out/env.log" || { tail -30 "$out/env.log" >&2; exit 1; }
+  kc="$out/env/$name.kubeconfig"
+  log "joining the spare host to $cluster"
+  kubectl --kubeconfig "$kc" apply -f "$out/env/spare-workers.yaml" >&2
+  kubectl --kubeconfig "$kc" wait --for=condition=Ready machine/spare-0 --timeout=10m >&2
+  kubectl --kubeconfig "$kc" wait --for=condition=Ready node --all --timeout=5m >&2
+fi
 kubectl --kubeconfig "$kc" get nodes -o wide >&2
 
 common=(--kubeconfig="$kc" --provider=skeleton --disable-log-dump)

@@ -5,7 +5,7 @@
 # (scripts/node-artifacts.sh) — and the images (scripts/node-images.sh; needs
 # root), with the images of the upstream conformance suite, and the suite
 # itself (scripts/testenv-bins.sh --e2e: e2e.test and ginkgo), which
-# crates/testenv/tests/conformance.rs runs a subset of; and the backup tests'
+# the dev environment's test runs a subset of; and the backup tests'
 # S3 server and etcdutl (scripts/backup-bins.sh). With a warm cache it takes a
 # second; from cold, minutes (docs/testing.md lists them).
 #

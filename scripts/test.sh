@@ -80,12 +80,11 @@ wait_node_software() {
 }
 
 # The tests that run worker nodes' software: real workers, the dev
-# environment, the conformance suite, S3 storage, the packages' checksums.
+# environment (with the conformance suite), S3 storage, the packages' checksums.
 needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | binary_id(kube-on-kube-operator::etcd_backup)
   | binary_id(kube-on-kube-operator::backup_store)
   | binary_id(kok-testenv::dev_env)
-  | binary_id(kok-testenv::conformance)
   | binary_id(kok-testenv::node_runtime)
   | test(the_example_package_versions_are_what_the_script_prints)'
 

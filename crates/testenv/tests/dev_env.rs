@@ -7,8 +7,11 @@
 //! started with kubectl runs on a worker; `kubectl kok cluster kubeconfig`
 //! gives a kubeconfig that reaches the cluster; a cluster made with
 //! `kubectl kok cluster create demo --wait` gets the spare host as its
-//! worker and runs a Pod), and Ctrl-C stops everything and leaves no
-//! process, network interface, network namespace, mount or cgroup behind.
+//! worker and runs a Pod), a subset of the upstream conformance suite
+//! passes against the example Cluster `default/ci` (as
+//! `scripts/conformance.sh` runs the whole suite), and Ctrl-C stops
+//! everything and leaves no process, network interface, network namespace,
+//! mount or cgroup behind.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -36,6 +39,35 @@ const CONVERGED_WITHIN: Duration = Duration::from_secs(900);
 /// From Ctrl-C to exited.
 const STOPPED_WITHIN: Duration = Duration::from_secs(120);
 const API_CALL: Duration = Duration::from_secs(30);
+/// The conformance subset's specs run in four ginkgo processes.
+const CONFORMANCE_WITHIN: Duration = Duration::from_secs(600);
+
+/// A fast subset of the upstream Kubernetes conformance suite, by a part of
+/// their names that only they have: a few specs from each of api-machinery
+/// (an admission webhook and an aggregated API server, both reached through
+/// konnectivity), apps, network, node, storage and cli. The unmodified
+/// `e2e.test` of the pinned release runs them, with images from the local
+/// registry under their upstream names: a regression in how the operators
+/// render the control plane, the add-ons or the workers fails here.
+/// (Pod to Pod across nodes is `real_workers`' own check.)
+const CONFORMANCE_SUBSET: &[&str] = &[
+    "[sig-api-machinery] AdmissionWebhook [Privileged:ClusterAdmin] should be able to deny pod and configmap creation",
+    "[sig-api-machinery] Aggregator Should be able to support the 1.17 Sample API Server using the current Aggregator",
+    "[sig-api-machinery] CustomResourceDefinition resources [Privileged:ClusterAdmin] Simple CustomResourceDefinition creating/deleting custom resource definition objects works",
+    "[sig-apps] Deployment RollingUpdateDeployment should delete old pods and create new ones",
+    "[sig-apps] ReplicaSet should serve a basic image on each replica with a public image",
+    "[sig-cli] Kubectl client Kubectl version should check is all data is printed",
+    "[sig-cli] Kubectl client Update Demo should create and stop a replication controller",
+    "[sig-cli] Kubectl logs logs should be able to retrieve and filter logs",
+    "[sig-network] DNS should provide DNS for services",
+    "[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: http",
+    "[sig-network] Services should serve a basic endpoint from pods",
+    "[sig-node] Kubelet when scheduling a busybox command in a pod should print the output to logs",
+    "[sig-node] Pods should be submitted and removed",
+    "[sig-storage] ConfigMap should be consumable from pods in volume [NodeConformance]",
+    "[sig-storage] EmptyDir volumes should support (root,0644,tmpfs)",
+    "[sig-storage] Secrets should be consumable from pods in volume [NodeConformance]",
+];
 
 const BANNER: &str = "kube-on-kube dev environment is up";
 const CONVERGED: &str = "every example converged";
@@ -146,6 +178,13 @@ async fn the_first_command_runs_every_example_on_real_workers_and_stops_clean() 
     );
     run_commands(&tried, work.path(), Duration::from_secs(120)).await;
     pod_runs(&dir.path().join("ci.kubeconfig"), "hello").await;
+
+    let conformance_started = Instant::now();
+    conformance_subset(&repo, dir.path(), "default/ci").await;
+    println!(
+        "the conformance subset passed in {:.1}s",
+        conformance_started.elapsed().as_secs_f64()
+    );
     let demo = banner_commands(&output, SPARE_HEADING);
     assert!(
         demo.iter()
@@ -419,6 +458,92 @@ async fn run_commands(commands: &[String], dir: &Path, limit: Duration) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `scripts/conformance.sh --env` with the subset against `cluster` of the
+/// running dev environment in `env_dir`: every spec runs and passes.
+async fn conformance_subset(repo: &Path, env_dir: &Path, cluster: &str) {
+    let out = repo.join("target/conformance-ci");
+    let focus = CONFORMANCE_SUBSET
+        .iter()
+        .map(|s| literal(s))
+        .collect::<Vec<_>>()
+        .join("|");
+    let run = Command::new(repo.join("scripts/conformance.sh"))
+        .current_dir(repo)
+        .arg("--env")
+        .arg(env_dir)
+        .args(["--cluster", cluster])
+        .args(["--focus", &focus, "--no-serial", "--procs", "4", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = timeout(CONFORMANCE_WITHIN, run)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "scripts/conformance.sh not done after {CONFORMANCE_WITHIN:?}; see {}",
+                out.display()
+            )
+        })
+        .expect("run scripts/conformance.sh");
+    println!("{}", String::from_utf8_lossy(&output.stderr));
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap_or_else(|e| {
+        panic!(
+            "scripts/conformance.sh (exit {}) wrote no summary ({e}); see {}",
+            output.status,
+            out.display()
+        )
+    });
+    println!("{summary}");
+    assert!(
+        output.status.success(),
+        "scripts/conformance.sh: {}",
+        output.status
+    );
+    let (passed, failed, _) = counts(&summary).expect("counts in summary.md");
+    assert_eq!(
+        (passed, failed),
+        (CONFORMANCE_SUBSET.len(), 0),
+        "every spec of the subset runs and passes; {}",
+        out.join("summary.md").display()
+    );
+}
+
+/// `text` as a regular expression matching itself.
+fn literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The counts of summary.md's third line: "N passed, M failed, K skipped; …".
+fn counts(summary: &str) -> Option<(usize, usize, usize)> {
+    let line = summary.lines().find(|l| l.contains(" passed, "))?;
+    let number = |word: &str| -> Option<usize> {
+        let before = line.split(word).next()?;
+        before
+            .rsplit([' ', ','])
+            .find(|s| !s.is_empty())?
+            .parse()
+            .ok()
+    };
+    Some((number(" passed")?, number(" failed")?, number(" skipped")?))
+}
+
+#[test]
+fn conformance_counts_are_read_from_the_summary() {
+    let summary =
+        "# Conformance of `default/ci` at `abc`\n\n15 passed, 1 failed, 0 skipped; 4 min 2 s.\n";
+    assert_eq!(counts(summary), Some((15, 1, 0)));
+    assert_eq!(counts("nothing ran"), None);
+    assert_eq!(literal("a (b) [c]"), r"a \(b\) \[c\]");
 }
 
 /// Waits until Pod `name` in the default namespace runs.
