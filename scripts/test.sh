@@ -46,7 +46,7 @@ echo "test binaries: $KOK_TESTENV_BIN_DIR"
 logs="$CARGO_TARGET_DIR/node-software-logs"
 setsid scripts/node-software.sh "$logs" &
 node_software=$!
-setsid bash -c 'nice -n 10 scripts/nextest.sh > "$1" 2>&1' _ "$CARGO_TARGET_DIR/nextest-install.log" &
+scripts/low-priority.sh 10 scripts/nextest.sh >"$CARGO_TARGET_DIR/nextest-install.log" 2>&1 &
 nextest_install=$!
 trap 'kill -- -$node_software -$nextest_install ${doctests:+-$doctests} 2>/dev/null || true' EXIT
 
@@ -89,7 +89,7 @@ needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | test(the_example_package_versions_are_what_the_script_prints)'
 
 # nextest runs no doctests; cargo does, beside the first tests.
-setsid nice -n 10 cargo test --workspace --doc >"$CARGO_TARGET_DIR/doctests.log" 2>&1 &
+scripts/low-priority.sh 10 cargo test --workspace --doc >"$CARGO_TARGET_DIR/doctests.log" 2>&1 &
 doctests=$!
 
 # nextest keeps its store in the workspace's target/nextest, whatever
