@@ -3,12 +3,16 @@
 
     scripts/test-times.py REPORT.xml [REPORT.xml ...]
     scripts/test-times.py --failures REPORT.xml [REPORT.xml ...]
+    scripts/test-times.py --cpu CPU.tsv REPORT.xml [REPORT.xml ...]
 
 One row per test binary, costliest first: its tests, how many failed, its
 span (first start to last end, when the report has start times: with tests
 side by side it includes waits for a test group), the sum of its tests'
 times, and its longest test. The budget (docs/testing.md) is six minutes of
-test time per binary; a binary whose tests add up to more is marked.
+test time per binary; a binary whose tests add up to more is marked. With
+--cpu, also the CPU seconds its tests' process trees used, from the lines
+scripts/test-cpu.py wrote (KOK_TEST_CPU=1 scripts/test.sh), and the sum:
+on 2 cores a run cannot end sooner than half of it.
 
 With --failures it prints instead, for each failed test, its name and the
 few lines that say why (the panic and its message, or how it ended): a
@@ -76,7 +80,25 @@ def failures(paths):
             print(f"    {line[:300]}")
 
 
-def main(paths):
+def cpu_seconds(path):
+    """CPU seconds per binary name (its file name without the hash)."""
+    per = {}
+    if not path:
+        return per
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        print(f"test-times: {path}: {e}", file=sys.stderr)
+        return per
+    for line in lines:
+        fields = line.split("\t")
+        if len(fields) >= 6:
+            per[fields[4]] = per.get(fields[4], 0.0) + float(fields[0])
+    return per
+
+
+def main(paths, cpu_path=None):
+    cpu = cpu_seconds(cpu_path)
     binaries = {}
     for case in cases(paths):
         binary = case.get("classname") or "?"
@@ -105,7 +127,8 @@ def main(paths):
     rows.sort(key=lambda r: -r[1]["sum"])
     width = max(len(r[0]) for r in rows)
     print()
-    print(f"{'test binary':<{width}}  tests  failed    span s   sum s  longest test")
+    cpu_head = "   CPU-s" if cpu else ""
+    print(f"{'test binary':<{width}}  tests  failed    span s   sum s{cpu_head}  longest test")
     total_tests = total_failed = 0
     total_sum = 0.0
     for name, b, span in rows:
@@ -115,15 +138,22 @@ def main(paths):
         shown = span if span is not None else b["sum"]
         mark = "  OVER BUDGET" if b["sum"] > BUDGET else ""
         longest, longest_s = b["longest"]
+        # The binary's file name: "crate::name" with dashes as underscores.
+        used = cpu.get(name.split("::")[-1].replace("-", "_")) if cpu else None
+        cpu_col = (f"  {used:>6.1f}" if used is not None else f"  {'':>6}") if cpu else ""
         print(
             f"{name:<{width}}  {b['tests']:>5}  {b['failed']:>6}  "
-            f"{shown:>8.1f}  {b['sum']:>6.1f}  {longest} ({longest_s:.1f} s){mark}"
+            f"{shown:>8.1f}  {b['sum']:>6.1f}{cpu_col}  {longest} ({longest_s:.1f} s){mark}"
         )
     print(f"{len(rows)} binaries, {total_tests} tests, {total_failed} failed, {total_sum:.0f} test-seconds")
+    if cpu:
+        print(f"{sum(cpu.values()):.0f} CPU-seconds in the tests' process trees")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--failures"]:
         failures(sys.argv[2:])
+    elif sys.argv[1:2] == ["--cpu"] and len(sys.argv) > 2:
+        main(sys.argv[3:], sys.argv[2])
     else:
         main(sys.argv[1:])

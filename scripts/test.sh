@@ -26,6 +26,7 @@
 #   scripts/test.sh                      # everything
 #   scripts/test.sh -p node-operator     # arguments go to `cargo nextest run`
 #   scripts/test.sh -E 'binary(machine)'
+#   KOK_TEST_CPU=1 scripts/test.sh       # and what each test costs in CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -88,13 +89,23 @@ needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | binary_id(kok-testenv::node_runtime)
   | test(the_example_package_versions_are_what_the_script_prints)'
 
+# KOK_TEST_CPU=1: each test runs under scripts/test-cpu.py, which adds up
+# the CPU time of its whole process tree; the table then has a CPU-s column.
+reports=target/nextest/reports
+cpu_args=()
+if [ "${KOK_TEST_CPU:-}" = 1 ]; then
+  runner_var="CARGO_TARGET_$(rustc -vV | sed -n 's/^host: //p' | tr 'a-z-' 'A-Z_')_RUNNER"
+  export "$runner_var=$PWD/scripts/test-cpu.py"
+  export KOK_TEST_CPU_LOG=$PWD/$reports/cpu.tsv
+  cpu_args=(--cpu "$KOK_TEST_CPU_LOG")
+fi
+
 # nextest runs no doctests; cargo does, beside the first tests.
 scripts/low-priority.sh 10 cargo test --workspace --doc >"$CARGO_TARGET_DIR/doctests.log" 2>&1 &
 doctests=$!
 
 # nextest keeps its store in the workspace's target/nextest, whatever
 # CARGO_TARGET_DIR says.
-reports=target/nextest/reports
 rm -rf "$reports" && mkdir -p "$reports"
 status=0
 run() {
@@ -126,6 +137,6 @@ else
 fi
 trap - EXIT
 phase "done"
-python3 scripts/test-times.py "$reports"/*.xml || true
+python3 scripts/test-times.py "${cpu_args[@]}" "$reports"/*.xml || true
 python3 scripts/test-times.py --failures "$reports"/*.xml || true
 exit $status
