@@ -88,6 +88,17 @@ pub enum Error {
     /// Rollback was asked for but the host has no previous version.
     #[error("package {package} has no previous version to roll back to")]
     NoPrevious { package: String },
+    /// A script printed more than the node-operator reads
+    /// ([`crate::ssh::MAX_OUTPUT_BYTES`]); it was stopped.
+    #[error(
+        "{host} printed more than {limit} bytes on the script's {stream}: output too large, the script was stopped; its last bytes: {tail:?}"
+    )]
+    OutputTooLarge {
+        host: String,
+        stream: &'static str,
+        limit: usize,
+        tail: String,
+    },
     /// A step's script failed on the host.
     #[error("step {step} failed on {host} with exit status {status}: {tail}")]
     Step {
@@ -181,6 +192,7 @@ impl Error {
             Error::TooLarge { .. } => "too_large",
             Error::HealthCheck { .. } => "health_check",
             Error::NoPrevious { .. } => "no_previous",
+            Error::OutputTooLarge { .. } => "output_too_large",
             Error::Step { .. } => "install_step",
             Error::InvalidSpec { .. } => "invalid_spec",
             Error::MissingPackageVersion(_) => "missing_package_version",

@@ -121,6 +121,7 @@ async fn fail(machine: &Machine, ctx: &Context, st: &mut MachineStatus, error: &
         Error::UnsafePath { .. } => (PACKAGES_INSTALLED, "UnsafePath"),
         Error::UnsafeArchive { .. } => (PACKAGES_INSTALLED, "UnsafeArchive"),
         Error::TooLarge { .. } => (PACKAGES_INSTALLED, "ArtifactTooLarge"),
+        Error::OutputTooLarge { .. } => (PACKAGES_INSTALLED, "OutputTooLarge"),
         Error::DrainTimeout { .. } => (NODE_READY, "DrainTimeout"),
         Error::ClusterInfo(_) => (NODE_READY, "BootstrapUnavailable"),
         Error::InvalidSpec { .. } => (PACKAGES_INSTALLED, "InvalidSpec"),

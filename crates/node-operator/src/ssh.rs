@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use openssh::{KnownHosts, SessionBuilder, Stdio};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::Error;
 
@@ -81,6 +81,16 @@ impl Output {
         crate::redact::tail(&self.stdout, &self.stderr)
     }
 }
+
+/// The most a script may print on its stdout, and again on its stderr: what
+/// the steps print is a few lines, and a host is not trusted to stop. Past
+/// it the script is stopped and the step fails with
+/// [`Error::OutputTooLarge`], so a host cannot fill the node-operator's
+/// memory.
+pub const MAX_OUTPUT_BYTES: usize = 4 << 20;
+
+/// How much of the end of an output that was too large the error keeps.
+const TOO_LARGE_TAIL_BYTES: usize = 2048;
 
 /// How long connecting and running may take.
 #[derive(Clone, Copy, Debug)]
@@ -225,15 +235,60 @@ impl Session {
                 detail: format!("closing the script's input: {e}"),
             })?;
         }
-        let output = child
-            .wait_with_output()
-            .await
-            .map_err(|e| self.session_error(&e))?;
+        // Both streams at once (a script blocked on a full stderr pipe
+        // never ends its stdout), each within its bound. Past one, the
+        // streams and the child are dropped: the channel closes and the
+        // remote script's next write fails.
+        let stdout = child.stdout().take();
+        let stderr = child.stderr().take();
+        let (stdout, stderr) = tokio::try_join!(
+            self.read_bounded(stdout, "stdout", MAX_OUTPUT_BYTES),
+            self.read_bounded(stderr, "stderr", MAX_OUTPUT_BYTES),
+        )?;
+        let status = child.wait().await.map_err(|e| self.session_error(&e))?;
         Ok(Output {
-            status: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            status: status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
         })
+    }
+
+    /// `stream` to its end, at most `limit` bytes of it.
+    async fn read_bounded(
+        &self,
+        stream: Option<impl AsyncRead + Unpin>,
+        name: &'static str,
+        limit: usize,
+    ) -> Result<Vec<u8>, Error> {
+        let Some(mut stream) = stream else {
+            return Ok(Vec::new());
+        };
+        let mut bytes = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = stream.read(&mut chunk).await.map_err(|e| Error::Ssh {
+                host: self.host.clone(),
+                detail: format!("reading the script's {name}: {e}"),
+            })?;
+            if n == 0 {
+                return Ok(bytes);
+            }
+            if bytes.len() + n > limit {
+                bytes.extend_from_slice(&chunk[..n]);
+                let from = bytes.len().saturating_sub(TOO_LARGE_TAIL_BYTES);
+                let tail = crate::redact::text(&String::from_utf8_lossy(&bytes[from..]));
+                return Err(Error::OutputTooLarge {
+                    host: self.host.clone(),
+                    stream: name,
+                    limit,
+                    tail: tail
+                        .chars()
+                        .filter(|c| !c.is_control() || *c == '\n')
+                        .collect(),
+                });
+            }
+            bytes.extend_from_slice(&chunk[..n]);
+        }
     }
 
     fn session_error(&self, e: &openssh::Error) -> Error {

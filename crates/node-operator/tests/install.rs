@@ -686,3 +686,72 @@ async fn secrets_are_written_privately_and_never_in_a_command_line() {
     );
     session.close().await;
 }
+
+/// The node-operator's peak memory so far (VmHWM), in bytes.
+fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/self/status");
+    kib * 1024
+}
+
+/// A host whose shell prints 2 GiB before it runs anything: the script is
+/// stopped once its output passes the bound, the step fails with
+/// OutputTooLarge, the node-operator's memory does not follow the host's
+/// output, and the same session runs the next script once the host
+/// behaves.
+#[tokio::test]
+async fn a_host_that_prints_without_end_is_cut_off() {
+    let hosts = TestHosts::start(1).unwrap();
+    let host = &hosts.hosts()[0];
+    // First on sshd's PATH, so `sh -s` is this one.
+    on(
+        host,
+        "cat > /usr/local/bin/sh <<'SH'\n#!/bin/bash\n\
+         head -c 2147483648 /dev/zero | tr '\\0' x\n\
+         exec /bin/sh \"$@\"\nSH\nchmod 0755 /usr/local/bin/sh",
+    );
+    let session = Session::connect(&target(&hosts, host), timeouts())
+        .await
+        .unwrap();
+    let before = peak_memory();
+    let started = Instant::now();
+    let err = session.run("echo hello").await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(&err, Error::OutputTooLarge { stream: "stdout", limit, .. }
+            if *limit == node_operator::ssh::MAX_OUTPUT_BYTES),
+        "{err}"
+    );
+    assert_eq!(err.category(), "output_too_large");
+    assert!(err.to_string().contains("output too large"), "{err}");
+    assert!(err.to_string().contains("xxxx"), "the tail is shown: {err}");
+    let grew = peak_memory().saturating_sub(before);
+    println!("cut off after {took:?}; peak memory grew by {grew} bytes");
+    assert!(
+        grew < 64 << 20,
+        "reading a host's output grew the process by {grew} bytes"
+    );
+    // What printed is stopped, not left writing into a closed channel.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = on(host, "pgrep -x head || true");
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the printing process still runs: {left}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    on(host, "rm /usr/local/bin/sh");
+    let output = session.run("echo hello").await.unwrap();
+    assert_eq!(output.stdout, "hello\n");
+    session.close().await;
+}
