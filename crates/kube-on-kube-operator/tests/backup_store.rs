@@ -512,14 +512,7 @@ async fn a_follower_gives_the_snapshot_and_none_is_taken_without_quorum() {
 
 /// Resident memory of this process, in bytes.
 fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
-    kib * 1024
+    kok_testenv::process_memory(std::process::id(), "VmRSS").expect("VmRSS")
 }
 
 /// The bucket is the tenant's: it may hold anything under a manifest's

@@ -38,17 +38,7 @@ const BOUND: u64 = 64 << 20;
 
 /// `VmRSS` or `VmHWM` (peak) of process `pid`, in bytes.
 fn memory(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim_start_matches(':')
-                .trim()
-                .strip_suffix("kB")
-        })
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
+    kok_testenv::process_memory(pid, field)
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 

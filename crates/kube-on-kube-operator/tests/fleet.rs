@@ -54,15 +54,7 @@ impl Operator {
 
     /// Peak resident set size so far, in KiB.
     fn peak_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()
+        kok_testenv::process_memory(self.0.id(), "VmHWM").map(|bytes| bytes / 1024)
     }
 
     fn alive(&mut self) -> bool {

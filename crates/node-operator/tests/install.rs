@@ -689,14 +689,7 @@ async fn secrets_are_written_privately_and_never_in_a_command_line() {
 
 /// The node-operator's peak memory so far (VmHWM), in bytes.
 fn peak_memory() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in /proc/self/status");
-    kib * 1024
+    kok_testenv::process_memory(std::process::id(), "VmHWM").expect("VmHWM")
 }
 
 /// A host whose shell prints 2 GiB before it runs anything: the script is

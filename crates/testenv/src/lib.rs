@@ -45,7 +45,7 @@ pub fn owner_pid(name: &str) -> Option<u32> {
 
 /// `pid start-time` of a running process: with [`identity_alive`], what
 /// tells a process from a later one given the same pid.
-pub use sys::{identity_alive, process_identity};
+pub use sys::{identity_alive, process_identity, process_memory};
 
 /// A kubelet's client certificate request for Node `node`, as a kubelet
 /// makes it when it joins (subject `system:node:<node>` in `system:nodes`,

@@ -237,6 +237,22 @@ pub fn identity_alive(record: &str) -> Option<u32> {
     (process_identity(pid).as_deref() == Some(record.trim()) && is_running(pid)).then_some(pid)
 }
 
+/// A memory figure of process `pid` from `/proc/<pid>/status` (`VmRSS`,
+/// `VmHWM` for the peak, ...), in bytes; None when the process or the
+/// field is gone.
+pub fn process_memory(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// True if `pid` exists and has not exited (zombies count as gone).
 pub fn is_running(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -336,4 +352,20 @@ pub fn unmount_detach(target: &Path) -> io::Result<()> {
     let target = path_cstring(target)?;
     // SAFETY: a NUL-terminated path that outlives the call.
     check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_figures_are_read_from_proc_status() {
+        let me = std::process::id();
+        let rss = process_memory(me, "VmRSS").expect("VmRSS");
+        let peak = process_memory(me, "VmHWM").expect("VmHWM");
+        assert!(rss > 1 << 20 && peak >= rss, "rss {rss}, peak {peak}");
+        // A field that only starts like another is not it.
+        assert_eq!(process_memory(me, "Vm"), None);
+        assert_eq!(process_memory(me, "NoSuchField"), None);
+    }
 }
