@@ -50,6 +50,15 @@ async fn start_member() -> Member {
     }
 }
 
+/// A member, a storage server and a store on it under [`PREFIX`]: what
+/// most tests here start from.
+async fn member_and_store() -> (Member, S3Server, SnapshotStore) {
+    let member = start_member().await;
+    let s3 = S3Server::start(&S3Options::default()).unwrap();
+    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    (member, s3, store)
+}
+
 impl Member {
     async fn put(&self, key: &str, value: &[u8]) {
         etcdctl_put(&self.etcd.client_url, &self.pki, key, value).await;
@@ -150,9 +159,7 @@ fn stored_objects(s3: &S3Server) -> Vec<String> {
 
 #[tokio::test]
 async fn a_snapshot_streams_from_etcd_into_the_bucket_and_back() {
-    let member = start_member().await;
-    let s3 = S3Server::start(&S3Options::default()).unwrap();
-    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let (member, s3, store) = member_and_store().await;
     assert!(store.list().await.unwrap().is_empty());
 
     // About 20 MB of values: a database sent in hundreds of gateway
@@ -259,9 +266,7 @@ async fn a_snapshot_streams_from_etcd_into_the_bucket_and_back() {
 
 #[tokio::test]
 async fn refused_unreachable_and_untrusted_storage_fail_clearly_and_delete_nothing() {
-    let member = start_member().await;
-    let s3 = S3Server::start(&S3Options::default()).unwrap();
-    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let (member, s3, store) = member_and_store().await;
     member.put("/registry/a", b"1").await;
     let now = OffsetDateTime::now_utc();
     let good = backup::take(&member.client, &store, None, None, None, now)
@@ -349,9 +354,7 @@ async fn refused_unreachable_and_untrusted_storage_fail_clearly_and_delete_nothi
 
 #[tokio::test]
 async fn a_broken_upload_is_never_listed_and_a_damaged_object_is_refused() {
-    let member = start_member().await;
-    let s3 = S3Server::start(&S3Options::default()).unwrap();
-    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let (member, s3, store) = member_and_store().await;
     member.put("/registry/a", &noise(300_000, 7)).await;
     let now = OffsetDateTime::now_utc();
     let good = backup::take(&member.client, &store, None, None, None, now)
@@ -446,9 +449,7 @@ async fn a_broken_upload_is_never_listed_and_a_damaged_object_is_refused() {
 /// wrong checksum format is left out.
 #[tokio::test]
 async fn a_manifest_that_does_not_parse_is_not_listed() {
-    let member = start_member().await;
-    let s3 = S3Server::start(&S3Options::default()).unwrap();
-    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let (member, s3, store) = member_and_store().await;
     let now = OffsetDateTime::now_utc();
     let good: Manifest = backup::take(&member.client, &store, None, None, None, now)
         .await
@@ -523,9 +524,7 @@ fn rss() -> u64 {
 /// Cluster's) still lists its snapshot.
 #[tokio::test]
 async fn oversized_objects_and_listings_are_refused_without_being_read() {
-    let member = start_member().await;
-    let s3 = S3Server::start(&S3Options::default()).unwrap();
-    let store = SnapshotStore::new(&store_config(&s3)).unwrap();
+    let (member, s3, store) = member_and_store().await;
     let now = OffsetDateTime::now_utc();
     let taken: Manifest = backup::take(&member.client, &store, None, None, None, now)
         .await
