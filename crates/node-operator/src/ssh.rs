@@ -260,35 +260,33 @@ impl Session {
         name: &'static str,
         limit: usize,
     ) -> Result<Vec<u8>, Error> {
-        let Some(mut stream) = stream else {
+        let Some(stream) = stream else {
             return Ok(Vec::new());
         };
+        // One byte past the bound says the output was larger.
         let mut bytes = Vec::new();
-        let mut chunk = vec![0u8; 64 * 1024];
-        loop {
-            let n = stream.read(&mut chunk).await.map_err(|e| Error::Ssh {
+        stream
+            .take(limit as u64 + 1)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| Error::Ssh {
                 host: self.host.clone(),
                 detail: format!("reading the script's {name}: {e}"),
             })?;
-            if n == 0 {
-                return Ok(bytes);
-            }
-            if bytes.len() + n > limit {
-                bytes.extend_from_slice(&chunk[..n]);
-                let from = bytes.len().saturating_sub(TOO_LARGE_TAIL_BYTES);
-                let tail = crate::redact::text(&String::from_utf8_lossy(&bytes[from..]));
-                return Err(Error::OutputTooLarge {
-                    host: self.host.clone(),
-                    stream: name,
-                    limit,
-                    tail: tail
-                        .chars()
-                        .filter(|c| !c.is_control() || *c == '\n')
-                        .collect(),
-                });
-            }
-            bytes.extend_from_slice(&chunk[..n]);
+        if bytes.len() <= limit {
+            return Ok(bytes);
         }
+        let from = bytes.len().saturating_sub(TOO_LARGE_TAIL_BYTES);
+        let tail = crate::redact::text(&String::from_utf8_lossy(&bytes[from..]));
+        Err(Error::OutputTooLarge {
+            host: self.host.clone(),
+            stream: name,
+            limit,
+            tail: tail
+                .chars()
+                .filter(|c| !c.is_control() || *c == '\n')
+                .collect(),
+        })
     }
 
     fn session_error(&self, e: &openssh::Error) -> Error {
