@@ -187,6 +187,7 @@ impl TestHosts {
             std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
         }
 
+        sys::raise_inotify_limits().map_err(Error::io("/proc/sys/fs/inotify"))?;
         let (id, dir, subnet) = {
             let _lock = run_dir::lock()?;
             run_dir::clean_stale()?;

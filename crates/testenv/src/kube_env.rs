@@ -221,6 +221,8 @@ impl KubeEnv {
         for component in components::needed(&opts) {
             bins::bin(component)?;
         }
+        // Each kube-apiserver takes 7 inotify instances (sys.rs).
+        crate::sys::raise_inotify_limits().map_err(Error::io("raising the inotify limits"))?;
         let workdir = Workdir::create(name)?;
         let logs = workdir.logs.clone();
         block_on(move || boot(workdir, opts)).map_err(|e| Error::Start {

@@ -354,6 +354,31 @@ pub fn unmount_detach(target: &Path) -> io::Result<()> {
     check(unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) }).map(drop)
 }
 
+/// The least inotify limits the test environment needs, which it raises the
+/// machine's to and never lowers (kind asks the same of a machine running
+/// many nodes). Test hosts share
+/// the machine's kernel and its root user: every host's containerd and
+/// kubelet and every control plane's kube-apiservers (7 instances each)
+/// take inotify instances from one per-user count, 128 by default. A
+/// containerd started once they are gone comes up without its CRI plugin
+/// ("failed to create fsnotify watcher: too many open files") and stays so.
+const INOTIFY_LIMITS: [(&str, u64); 2] = [
+    ("/proc/sys/fs/inotify/max_user_instances", 8192),
+    ("/proc/sys/fs/inotify/max_user_watches", 1 << 20),
+];
+
+/// Raises the machine's inotify limits to [`INOTIFY_LIMITS`].
+pub fn raise_inotify_limits() -> io::Result<()> {
+    for (path, least) in INOTIFY_LIMITS {
+        let now = std::fs::read_to_string(path)?;
+        if now.trim().parse::<u64>().is_ok_and(|n| n >= least) {
+            continue;
+        }
+        std::fs::write(path, least.to_string())?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
