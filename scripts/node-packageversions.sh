@@ -229,8 +229,19 @@ cat <<YAML
           /usr/local/bin/ctr -n "\$ns" tasks delete --force "\$t" >/dev/null || echo "task \$t of \$ns: not deleted"
         done
       done
+  # containerd answers \`ctr version\` even when its CRI plugin failed to load
+  # (a bad config, or no inotify instance left at start), and the kubelet
+  # then finds no runtime: the check asks for the CRI plugin, and a
+  # containerd without it is restarted once (node-operator), then reported.
   healthCheck:
-    command: [/usr/local/bin/ctr, version]
+    command:
+    - /bin/sh
+    - -c
+    - |
+      /usr/local/bin/ctr plugins ls id==cri | grep -q ' ok *\$' && exit 0
+      echo "containerd's CRI plugin (io.containerd.grpc.v1.cri) is not loaded:"
+      /usr/local/bin/ctr plugins ls -d id==cri | grep -A 3 '^Error:'
+      exit 1
     timeoutSeconds: 60
 ---
 apiVersion: kubeonkube.io/v1alpha1

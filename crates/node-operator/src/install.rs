@@ -648,7 +648,9 @@ impl<'a> Installer<'a> {
         }
 
         if let Some(check) = &spec.health_check {
-            steps.push(self.health(&spec.package, &current, check).await?);
+            let unit = unit.as_ref().map(|(name, _)| name.as_str());
+            self.health(&spec.package, &current, check, unit, &mut steps)
+                .await?;
         }
 
         Ok(InstallResult {
@@ -693,7 +695,8 @@ impl<'a> Installer<'a> {
             );
         }
         if let Some(check) = health {
-            steps.push(self.health(package, &current, check).await?);
+            self.health(package, &current, check, unit, &mut steps)
+                .await?;
         }
         Ok(InstallResult {
             package: package.to_string(),
@@ -704,13 +707,38 @@ impl<'a> Installer<'a> {
         })
     }
 
+    /// Runs the health check. A service with a unit that fails it is
+    /// restarted once and checked again before the install fails: a service
+    /// can come up without what its check asks for and stay so while it
+    /// runs (containerd whose CRI plugin failed to load at start keeps
+    /// serving without it), and nothing else would restart it, since the
+    /// next install finds nothing changed and the unit active.
     async fn health(
         &self,
         package: &str,
         version: &str,
         check: &HealthCheck,
-    ) -> Result<StepOutput, Error> {
-        let (output, summary) = self.step("health", &health_script(check)).await?;
+        unit: Option<&str>,
+        steps: &mut Vec<StepOutput>,
+    ) -> Result<(), Error> {
+        let (mut output, mut summary) = self.step("health", &health_script(check)).await?;
+        if let (EXIT_UNHEALTHY, Some(unit)) = (output.status, unit) {
+            tracing::warn!(
+                host = %self.session.host(),
+                package,
+                version,
+                unit,
+                detail = %output.redacted_tail(),
+                "health check failed; restarting the unit once"
+            );
+            steps.push(summary);
+            steps.push(
+                self.checked("unit", &unit_script(unit, None, true))
+                    .await?
+                    .1,
+            );
+            (output, summary) = self.step("health", &health_script(check)).await?;
+        }
         if output.status == EXIT_UNHEALTHY {
             return Err(Error::HealthCheck {
                 package: package.to_string(),
@@ -722,7 +750,8 @@ impl<'a> Installer<'a> {
         if !output.success() {
             return Err(self.failed("health", &output));
         }
-        Ok(summary)
+        steps.push(summary);
+        Ok(())
     }
 
     fn fetch_error(&self, spec: &PackageVersionSpec, arch: Arch, output: &Output) -> Error {

@@ -300,6 +300,42 @@ async fn bad_artifacts_and_failing_health_checks_leave_current_alone() {
     let err = installer.install(&broken, &values(host)).await.unwrap_err();
     assert!(matches!(err, Error::HealthCheck { .. }), "{err}");
     assert!(err.to_string().contains("not ready"), "{err}");
+
+    // A service that fails its check until it is restarted (containerd
+    // whose CRI plugin did not load at start) is restarted once, and then
+    // passes: the check below fails while the unit runs the process it saw
+    // first.
+    let (file5, sha5) = make_artifact(&hosts, "5.0.0");
+    let mut needs_restart = spec(&hosts, "5.0.0", &file5, &sha5);
+    needs_restart.health_check = Some(HealthCheck {
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            "p=$(systemctl show -p MainPID fake-kubelet.service); f=/run/first-main-pid; \
+             [ -s $f ] || echo \"$p\" > $f; \
+             [ \"$(cat $f)\" != \"$p\" ] || { echo \"first start, $p\"; exit 1; }"
+                .into(),
+        ]),
+        http_get: None,
+        timeout_seconds: 2,
+    });
+    let result = installer
+        .install(&needs_restart, &values(host))
+        .await
+        .unwrap();
+    let steps: Vec<_> = result.steps.iter().map(|s| s.step).collect();
+    assert_eq!(
+        steps[steps.len() - 4..],
+        ["unit", "health", "unit", "health"],
+        "{steps:?}"
+    );
+    assert!(
+        result.steps[steps.len() - 3].tail.contains("first start"),
+        "{:?}",
+        result.steps
+    );
+    let first = on(host, "cat /run/first-main-pid");
+    assert_ne!(main_pid(host), first, "restarted once");
     session.close().await;
 }
 
