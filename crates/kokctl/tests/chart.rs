@@ -373,6 +373,33 @@ fn chart_lints_renders_hardened_and_grants_only_the_documented_rights() {
     );
     assert_eq!(deployments[0]["metadata"]["name"], "kube-on-kube-operator");
     assert_eq!(deployments[0]["spec"]["replicas"], 2);
+    // What the operator gives each Cluster's node-operator and snapshot
+    // gateway: a memory limit by default, the admin's values when set (the
+    // installed chart's operator below starts with them).
+    let args = |objects: &[Value]| {
+        strings(
+            &of_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"],
+        )
+    };
+    let default_args = args(&defaults);
+    for flag in [
+        "--node-operator-resources=",
+        "--snapshot-gateway-resources=",
+    ] {
+        assert!(
+            default_args
+                .iter()
+                .any(|a| a.starts_with(flag) && a.contains(r#""limits":{"memory":"512Mi"}"#)),
+            "{flag}: {default_args:?}"
+        );
+    }
+    let raised = args(&render(&[
+        "kubeOnKubeOperator.nodeOperatorResources.limits.memory=1Gi",
+    ]));
+    assert!(
+        raised.iter().any(|a| a.starts_with("--node-operator-resources=") && a.contains(r#""memory":"1Gi""#)),
+        "{raised:?}"
+    );
     assert!(of_kind(&defaults, "ServiceMonitor").is_empty());
     assert!(
         defaults.iter().all(|o| !o["metadata"]["name"]

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
 use crate::bounded::Limits;
 
 /// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
@@ -43,6 +45,12 @@ pub struct Config {
     /// Image of the snapshot gateway run on the claim of a Cluster whose
     /// snapshots go to a PersistentVolumeClaim (versitygw).
     pub snapshot_gateway_image: String,
+    /// CPU and memory of each Cluster's node-operator
+    /// (`--node-operator-resources`).
+    pub node_operator_resources: ResourceRequirements,
+    /// CPU and memory of each snapshot gateway
+    /// (`--snapshot-gateway-resources`).
+    pub snapshot_gateway_resources: ResourceRequirements,
     /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
     /// its own namespace's.
     pub addon_template_namespace: Option<String>,
@@ -81,6 +89,14 @@ impl Default for Config {
             node_operator_image: None,
             operator_image: None,
             snapshot_gateway_image: DEFAULT_SNAPSHOT_GATEWAY_IMAGE.into(),
+            node_operator_resources: crate::resources::parse(
+                crate::resources::NODE_OPERATOR_DEFAULT,
+            )
+            .expect("the default parses"),
+            snapshot_gateway_resources: crate::resources::parse(
+                crate::resources::SNAPSHOT_GATEWAY_DEFAULT,
+            )
+            .expect("the default parses"),
             addon_template_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
             etcd_failed_after: ETCD_FAILED_AFTER,

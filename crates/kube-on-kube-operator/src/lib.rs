@@ -21,6 +21,7 @@ pub mod pki;
 pub mod policy;
 pub mod refused;
 pub mod render;
+pub mod resources;
 pub mod status;
 pub mod teardown;
 pub mod versions;

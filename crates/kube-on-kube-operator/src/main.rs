@@ -75,6 +75,16 @@ struct Args {
     /// through it.
     #[arg(long, env = "KOK_SNAPSHOT_GATEWAY_IMAGE", default_value = kube_on_kube_operator::config::DEFAULT_SNAPSHOT_GATEWAY_IMAGE)]
     snapshot_gateway_image: String,
+    /// CPU and memory of the node-operator Pod run for each Cluster, as the
+    /// container's `resources` in JSON: `requests` and `limits` of `cpu`,
+    /// `memory` and `ephemeral-storage`; `limits.memory` is required. A
+    /// tenant cannot change them.
+    #[arg(long, env = "KOK_NODE_OPERATOR_RESOURCES", default_value = kube_on_kube_operator::resources::NODE_OPERATOR_DEFAULT, value_parser = kube_on_kube_operator::resources::parse)]
+    node_operator_resources: k8s_openapi::api::core::v1::ResourceRequirements,
+    /// CPU and memory of each snapshot gateway Pod, in the same form as
+    /// --node-operator-resources.
+    #[arg(long, env = "KOK_SNAPSHOT_GATEWAY_RESOURCES", default_value = kube_on_kube_operator::resources::SNAPSHOT_GATEWAY_DEFAULT, value_parser = kube_on_kube_operator::resources::parse)]
+    snapshot_gateway_resources: k8s_openapi::api::core::v1::ResourceRequirements,
     #[command(flatten)]
     policy: kube_on_kube_operator::policy::PolicyArgs,
     #[command(flatten)]
@@ -171,6 +181,8 @@ async fn main() -> anyhow::Result<()> {
         node_operator_image: args.node_operator_image,
         operator_image: args.operator_image,
         snapshot_gateway_image: args.snapshot_gateway_image,
+        node_operator_resources: args.node_operator_resources,
+        snapshot_gateway_resources: args.snapshot_gateway_resources,
         addon_template_namespace: args.addon_template_namespace,
         addon_retry: args.addon_retry,
         etcd_failed_after: args.etcd_failed_after,

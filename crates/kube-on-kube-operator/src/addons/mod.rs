@@ -722,8 +722,13 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
             .get("image")
             .and_then(|v| v.as_str())
             .unwrap_or_default();
-        let desired =
-            render::node_operator(cluster, names, values, &node_operator_hash(inputs, image));
+        let desired = render::node_operator(
+            cluster,
+            names,
+            values,
+            &ctx.config.node_operator_resources,
+            &node_operator_hash(inputs, image),
+        );
         let written = match crate::ownership::guard(&deployments, &desired, None).await {
             Ok(()) => kok_common::apply::apply(&deployments, MANAGER, &deployment_name, &desired)
                 .await

@@ -180,6 +180,7 @@ pub async fn converge(
         names,
         claim,
         &ctx.config.snapshot_gateway_image,
+        &ctx.config.snapshot_gateway_resources,
         &hash,
     );
     apply_if_changed(

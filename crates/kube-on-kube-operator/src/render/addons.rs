@@ -9,7 +9,7 @@
 pub mod template;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Container};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, ResourceRequirements};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube_on_kube_api::cluster::Cluster;
@@ -627,16 +627,20 @@ fn node_operator_args(cluster: &Cluster, values: &Map<String, Value>) -> Vec<Str
 /// The node-operator's Deployment in the Cluster's namespace of the
 /// meta-cluster, pointed at the business API with its kubeconfig Secret.
 /// `config_hash` covers that Secret, so a renewed certificate restarts it.
+/// `resources` are the operator's (`--node-operator-resources`), not the
+/// tenant's to set.
 pub fn node_operator(
     cluster: &Cluster,
     names: &Names,
     values: &Map<String, Value>,
+    resources: &ResourceRequirements,
     config_hash: &str,
 ) -> Deployment {
     let container = Container {
         name: "node-operator".into(),
         image: Some(node_operator_image(values).into()),
         args: Some(node_operator_args(cluster, values)),
+        resources: Some(resources.clone()),
         volume_mounts: Some(vec![control_plane::mount("kubeconfig", KUBECONFIG_DIR)]),
         ..Default::default()
     };
@@ -1166,8 +1170,12 @@ mod tests {
     fn node_operator_runs_with_its_kubeconfig_next_to_the_control_plane() {
         let c = production();
         let n = names(&c);
-        let values = json!({"image": "img:1", "replicas": 1, "logLevel": "debug"});
-        let d = node_operator(&c, &n, values.as_object().expect("object"), "h");
+        // A tenant's values do not set its resources; the operator's flag does.
+        let values = json!({"image": "img:1", "replicas": 1, "logLevel": "debug",
+            "resources": {"limits": {"memory": "64Gi"}}});
+        let resources =
+            crate::resources::parse(r#"{"limits":{"memory":"300Mi"}}"#).expect("parses");
+        let d = node_operator(&c, &n, values.as_object().expect("object"), &resources, "h");
         assert_eq!(d.metadata.name.as_deref(), Some("prod-east-node-operator"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("clusters"));
         assert!(d.metadata.owner_references.is_some());
@@ -1177,6 +1185,7 @@ mod tests {
         assert!(pod.node_selector.is_some(), "placed like the control plane");
         let container = &pod.containers[0];
         assert_eq!(container.image.as_deref(), Some("img:1"));
+        assert_eq!(container.resources.as_ref(), Some(&resources));
         assert!(
             container
                 .args
@@ -1228,7 +1237,14 @@ mod tests {
             .expect("node-operator");
         outputs.push((
             "node-operator-deployment.yaml".into(),
-            serde_norway::to_string(&node_operator(&c, &n, &values, "hash")).expect("yaml"),
+            serde_norway::to_string(&node_operator(
+                &c,
+                &n,
+                &values,
+                &crate::config::Config::default().node_operator_resources,
+                "hash",
+            ))
+            .expect("yaml"),
         ));
         crate::render::golden::check(&dir, outputs);
     }
@@ -1239,7 +1255,7 @@ mod tests {
         c.spec.network.service_cidr = "10.100.0.0/16".into();
         c.spec.network.dns_domain = "corp.internal".into();
         let n = names(&c);
-        let args = node_operator(&c, &n, &Map::new(), "hash")
+        let args = node_operator(&c, &n, &Map::new(), &Default::default(), "hash")
             .spec
             .and_then(|s| s.template.spec)
             .map(|s| s.containers[0].args.clone().unwrap_or_default())

@@ -10,8 +10,8 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, SecretKeySelector, SecurityContext,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, ResourceRequirements, SecretKeySelector,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -155,12 +155,14 @@ pub fn service(cluster: &Cluster, names: &Names) -> Service {
 
 /// Its Deployment: one Pod on `claim`, stopped before its successor starts
 /// (a claim is mostly ReadWriteOnce, and two servers must not write one
-/// directory); `config_hash` rolls it when its Secret changes.
+/// directory); `config_hash` rolls it when its Secret changes. `resources`
+/// are the operator's (`--snapshot-gateway-resources`).
 pub fn deployment(
     cluster: &Cluster,
     names: &Names,
     claim: &ClaimDestination,
     image: &str,
+    resources: &ResourceRequirements,
     config_hash: &str,
 ) -> Deployment {
     let secret = names.snapshot_gateway();
@@ -185,6 +187,7 @@ pub fn deployment(
     let container = Container {
         name: "versitygw".into(),
         image: Some(image.into()),
+        resources: Some(resources.clone()),
         args: Some(vec![
             "--port".into(),
             format!(":{PORT}"),
@@ -364,6 +367,7 @@ mod tests {
             &names,
             claim(&c).expect("claim"),
             "ghcr.io/versity/versitygw:v1.8.0",
+            &crate::resources::parse(r#"{"limits":{"memory":"300Mi"}}"#).expect("resources"),
             "h1",
         );
         let spec = d.spec.as_ref().expect("spec");
@@ -396,6 +400,8 @@ mod tests {
         assert_eq!(mounts, [ROOT, "/var/lib/kok-snapshots/snapshots", TLS_DIR]);
         let env = serde_json::to_string(&container.env).expect("env");
         assert!(!env.contains("\"value\""), "keys only by reference: {env}");
+        let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
+        assert_eq!(limits.expect("limits")["memory"].0, "300Mi");
         let security = container.security_context.as_ref().expect("security");
         assert_eq!(security.run_as_non_root, Some(true));
         assert_eq!(security.allow_privilege_escalation, Some(false));
