@@ -47,7 +47,9 @@ echo "test binaries: $KOK_TESTENV_BIN_DIR"
 logs="$CARGO_TARGET_DIR/node-software-logs"
 setsid scripts/node-software.sh "$logs" &
 node_software=$!
-scripts/low-priority.sh 10 scripts/nextest.sh >"$CARGO_TARGET_DIR/nextest-install.log" 2>&1 &
+# At normal priority: the tests need it as soon as the workspace is built
+# (a warm cache: at once; from cold it shares the CPU with that build).
+setsid scripts/nextest.sh >"$CARGO_TARGET_DIR/nextest-install.log" 2>&1 &
 nextest_install=$!
 trap 'kill -- -$node_software -$nextest_install ${doctests:+-$doctests} 2>/dev/null || true' EXIT
 
