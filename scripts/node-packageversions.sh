@@ -229,6 +229,10 @@ cat <<YAML
           /usr/local/bin/ctr -n "\$ns" tasks delete --force "\$t" >/dev/null || echo "task \$t of \$ns: not deleted"
         done
       done
+      # A shim exits once its tasks are gone; one still there after 10 s
+      # serves no task of this containerd, which is going.
+      for i in \$(seq 20); do pgrep -x containerd-shim >/dev/null || exit 0; sleep 0.5; done
+      pkill -x containerd-shim || true
   # containerd answers \`ctr version\` even when its CRI plugin failed to load
   # (a bad config, or no inotify instance left at start), and the kubelet
   # then finds no runtime: the check asks for the CRI plugin, and a
