@@ -97,12 +97,9 @@ fn quantity(text: &str) -> Option<f64> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
         .unwrap_or(text.len());
     let (number, suffix) = text.split_at(split);
+    // Only the sign may be a `+` or `-`; f64 refuses the rest (`.`, `1.2.3`).
     let unsigned = number.strip_prefix(['+', '-']).unwrap_or(number);
-    if unsigned.is_empty()
-        || unsigned.starts_with('.') && unsigned.len() == 1
-        || unsigned.matches('.').count() > 1
-        || !unsigned.chars().all(|c| c.is_ascii_digit() || c == '.')
-    {
+    if unsigned.contains(['+', '-']) {
         return None;
     }
     let value: f64 = number.parse().ok()?;

@@ -128,6 +128,15 @@ fn spec(hosts: &TestHosts, version: &str, file: &str, sha: &str) -> PackageVersi
     }
 }
 
+/// A health check running `script` with `sh -c`, given 2 seconds.
+fn shell_check(script: &str) -> Option<HealthCheck> {
+    Some(HealthCheck {
+        command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        http_get: None,
+        timeout_seconds: 2,
+    })
+}
+
 fn values(host: &TestHost) -> BTreeMap<String, serde_json::Value> {
     BTreeMap::from([("nodeIP".to_string(), host.ip().to_string().into())])
 }
@@ -288,15 +297,7 @@ async fn bad_artifacts_and_failing_health_checks_leave_current_alone() {
 
     let (file4, sha4) = make_artifact(&hosts, "4.0.0");
     let mut broken = spec(&hosts, "4.0.0", &file4, &sha4);
-    broken.health_check = Some(HealthCheck {
-        command: Some(vec![
-            "sh".into(),
-            "-c".into(),
-            "echo not ready; exit 1".into(),
-        ]),
-        http_get: None,
-        timeout_seconds: 2,
-    });
+    broken.health_check = shell_check("echo not ready; exit 1");
     let err = installer.install(&broken, &values(host)).await.unwrap_err();
     assert!(matches!(err, Error::HealthCheck { .. }), "{err}");
     assert!(err.to_string().contains("not ready"), "{err}");
@@ -307,18 +308,11 @@ async fn bad_artifacts_and_failing_health_checks_leave_current_alone() {
     // first.
     let (file5, sha5) = make_artifact(&hosts, "5.0.0");
     let mut needs_restart = spec(&hosts, "5.0.0", &file5, &sha5);
-    needs_restart.health_check = Some(HealthCheck {
-        command: Some(vec![
-            "sh".into(),
-            "-c".into(),
-            "p=$(systemctl show -p MainPID fake-kubelet.service); f=/run/first-main-pid; \
-             [ -s $f ] || echo \"$p\" > $f; \
-             [ \"$(cat $f)\" != \"$p\" ] || { echo \"first start, $p\"; exit 1; }"
-                .into(),
-        ]),
-        http_get: None,
-        timeout_seconds: 2,
-    });
+    needs_restart.health_check = shell_check(
+        "p=$(systemctl show -p MainPID fake-kubelet.service); f=/run/first-main-pid; \
+         [ -s $f ] || echo \"$p\" > $f; \
+         [ \"$(cat $f)\" != \"$p\" ] || { echo \"first start, $p\"; exit 1; }",
+    );
     let result = installer
         .install(&needs_restart, &values(host))
         .await
