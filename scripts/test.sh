@@ -86,6 +86,7 @@ wait_node_software() {
 # environment (with the conformance suite), S3 storage, the packages' checksums.
 needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | binary_id(kube-on-kube-operator::etcd_backup)
+  | binary_id(kube-on-kube-operator::etcd_quorum_loss)
   | binary_id(kube-on-kube-operator::backup_store)
   | binary_id(kok-testenv::dev_env)
   | binary_id(kok-testenv::node_runtime)
