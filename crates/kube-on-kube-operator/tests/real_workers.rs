@@ -623,6 +623,10 @@ async fn workers_run_real_pods() {
             .expect("containerd config");
         // An unterminated table header: containerd refuses to start.
         config["template"] = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'\n".into();
+        // Its check can never pass; the check's wait (60 s in the example,
+        // twice, around the one restart) only decides when the failure is
+        // reported. Running containerd passes it in a few seconds.
+        spec["healthCheck"]["timeoutSeconds"] = 15.into();
     });
     k.apply(&broken);
     let before: Vec<_> = replicas
