@@ -566,13 +566,21 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     )
     .await?;
 
-    // kube-apiserver's egress selector configuration, before the Pods that
-    // mount it: its traffic to the business cluster goes through the
-    // konnectivity-server beside it. One object, read by its name.
-    if konnectivity.is_some() {
-        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        let desired = render::control_plane::egress_selector_config(&cluster, &names);
-        let name = names.egress_selector_config();
+    // kube-apiserver's configuration files, before the Pods that mount
+    // them: its authentication configuration, and with a konnectivity-server
+    // beside it, the egress selector configuration that sends its traffic
+    // to the business cluster there. Each read by its name.
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let configs = std::iter::once(render::control_plane::authentication_config(
+        &cluster, &names,
+    ))
+    .chain(
+        konnectivity
+            .is_some()
+            .then(|| render::control_plane::egress_selector_config(&cluster, &names)),
+    );
+    for desired in configs {
+        let name = desired.name_any();
         let read: BTreeMap<String, ConfigMap> = maps
             .get_opt(&name)
             .await

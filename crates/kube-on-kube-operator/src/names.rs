@@ -120,6 +120,11 @@ impl Names {
         self.prefixed("apiserver-external")
     }
 
+    /// ConfigMap with kube-apiserver's authentication configuration.
+    pub fn authentication_config(&self) -> String {
+        self.prefixed("authentication")
+    }
+
     /// ConfigMap with kube-apiserver's egress selector configuration.
     pub fn egress_selector_config(&self) -> String {
         self.prefixed("egress-selector")

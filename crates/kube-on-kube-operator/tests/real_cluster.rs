@@ -98,6 +98,28 @@ fn kubectl_at(ip: &str, kubeconfig: &Path, args: &[&str]) -> Result<String, Stri
     }
 }
 
+/// The HTTP status an anonymous request to `url` gets (curl, no client
+/// certificate, the server's certificate not checked); `extra` adds curl
+/// flags. None when no TLS connection is made.
+fn anonymous_status(url: &str, extra: &[&str]) -> Option<u16> {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("run curl");
+    let code: u16 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    (out.status.success() && code != 0).then_some(code)
+}
+
 /// Addresses of the ready Pods of one component.
 async fn ready_ips(client: &Client, ns: &str, name: &str, component: &str) -> Vec<String> {
     common::ready_pods(client, ns, name, component)
@@ -202,6 +224,47 @@ async fn example_becomes_a_working_kubernetes(
         let readyz =
             kubectl_at(ip, &admin, &["get", "--raw", "/readyz"]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(readyz.trim(), "ok", "{ip}");
+    }
+    // Hardened as docs/security.md lists: without credentials only the
+    // health endpoints answer, TLS below 1.2 gets no connection, and
+    // profiling is off even for the admin. The controller-manager's and
+    // scheduler's metrics want credentials too.
+    for ip in &apiservers {
+        let url = |path: &str| format!("https://{ip}:6443{path}");
+        for path in ["/readyz", "/livez", "/healthz"] {
+            assert_eq!(anonymous_status(&url(path), &[]), Some(200), "{ip}{path}");
+        }
+        for path in ["/version", "/api", "/apis", "/api/v1/namespaces"] {
+            assert_eq!(anonymous_status(&url(path), &[]), Some(401), "{ip}{path}");
+        }
+        let old_tls = ["--tlsv1.1", "--tls-max", "1.1"];
+        assert_eq!(
+            anonymous_status(&url("/readyz"), &old_tls),
+            None,
+            "{ip}: TLS 1.1"
+        );
+        let pprof = kubectl_at(ip, &admin, &["get", "--raw", "/debug/pprof/"]);
+        assert!(
+            pprof
+                .as_ref()
+                .is_err_and(|e| e.contains("NotFound") || e.contains("not found")),
+            "{ip}: profiling answered {pprof:?}"
+        );
+    }
+    for (component, port) in [("controller-manager", 10257), ("scheduler", 10259)] {
+        for ip in ready_ips(&client, &ns, &name, component).await {
+            let url = |path: &str| format!("https://{ip}:{port}{path}");
+            assert_eq!(
+                anonymous_status(&url("/healthz"), &[]),
+                Some(200),
+                "{component} {ip}"
+            );
+            let metrics = anonymous_status(&url("/metrics"), &[]);
+            assert!(
+                matches!(metrics, Some(401 | 403)),
+                "{component} {ip}: anonymous /metrics answered {metrics:?}"
+            );
+        }
     }
     let ip = apiservers[0].as_str();
     let namespaces = kubectl_at(ip, &admin, &["get", "namespaces", "-o", "name"])

@@ -47,6 +47,12 @@ const KONNECTIVITY_SOCKET_DIR: &str = "/run/konnectivity";
 const EGRESS_DIR: &str = "/etc/kubernetes/egress";
 /// Key of the egress selector configuration in its ConfigMap.
 const EGRESS_KEY: &str = "egress-selector-configuration.yaml";
+/// Where kube-apiserver reads its authentication configuration.
+const AUTHENTICATION_DIR: &str = "/etc/kubernetes/authentication";
+/// Key of the authentication configuration in its ConfigMap.
+const AUTHENTICATION_KEY: &str = "authentication-configuration.yaml";
+/// The TLS version every control-plane component accepts at least.
+const TLS_MIN_VERSION: &str = "VersionTLS12";
 /// The konnectivity-server's admin (loopback only) and health ports.
 const KONNECTIVITY_ADMIN_PORT: i32 = 8133;
 const KONNECTIVITY_HEALTH_PORT: i32 = 8134;
@@ -332,6 +338,17 @@ pub fn apiserver(
             ("enable-admission-plugins", "NodeRestriction".into()),
             ("enable-bootstrap-token-auth", "true".into()),
             ("allow-privileged", "true".into()),
+            // Anonymous requests only for the health endpoints.
+            (
+                "authentication-config",
+                format!("{AUTHENTICATION_DIR}/{AUTHENTICATION_KEY}"),
+            ),
+            // Kubelets serve certificates of the cluster CA (approved only
+            // for their own node's addresses): logs, exec and port-forward
+            // reach the kubelet they name, or fail.
+            ("kubelet-certificate-authority", format!("{PKI}/ca.crt")),
+            ("profiling", "false".into()),
+            ("tls-min-version", TLS_MIN_VERSION.into()),
         ]
         .into_iter()
         .chain(konnectivity.map(|_| {
@@ -395,22 +412,27 @@ pub fn apiserver(
         readiness_probe: Some(https_probe("/readyz", API_PORT, 3, 1)),
         liveness_probe: Some(https_probe("/livez", API_PORT, 8, 15)),
         resources: spec.api_server.component.resources.clone(),
-        volume_mounts: Some(vec![mount("pki", PKI)]),
+        volume_mounts: Some(vec![
+            mount("pki", PKI),
+            mount("authentication", AUTHENTICATION_DIR),
+        ]),
         ..Default::default()
     };
+    let authentication = config_map_volume("authentication", names.authentication_config());
     let Some(konnectivity) = konnectivity else {
         return deployment(
             cluster,
             names,
             Component::ApiServer,
             container,
-            vec![pki],
+            vec![pki, authentication],
             pod.config_hash,
         );
     };
     let mut container = container;
     container.volume_mounts = Some(vec![
         mount("pki", PKI),
+        mount("authentication", AUTHENTICATION_DIR),
         mount("egress", EGRESS_DIR),
         VolumeMount {
             read_only: None,
@@ -424,14 +446,8 @@ pub fn apiserver(
         container,
         vec![
             pki,
-            Volume {
-                name: "egress".into(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: names.egress_selector_config(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            authentication,
+            config_map_volume("egress", names.egress_selector_config()),
             Volume {
                 name: "konnectivity-socket".into(),
                 empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -542,6 +558,61 @@ fn konnectivity_server(cluster: &Cluster, konnectivity: &Konnectivity) -> Contai
     }
 }
 
+fn config_map_volume(name: &str, config_map: String) -> Volume {
+    Volume {
+        name: name.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// kube-apiserver's authentication configuration: anonymous requests are
+/// authenticated only on the health endpoints (probes, load balancers), so
+/// nothing else (`/version`, discovery, what RBAC grants
+/// `system:unauthenticated`) answers a caller without credentials.
+pub fn authentication_config(cluster: &Cluster, names: &Names) -> ConfigMap {
+    let config = "apiVersion: apiserver.config.k8s.io/v1
+kind: AuthenticationConfiguration
+anonymous:
+  enabled: true
+  conditions:
+  - path: /livez
+  - path: /readyz
+  - path: /healthz
+";
+    apiserver_file(
+        cluster,
+        names,
+        names.authentication_config(),
+        AUTHENTICATION_KEY,
+        config.into(),
+    )
+}
+
+/// A ConfigMap holding one file kube-apiserver reads.
+fn apiserver_file(
+    cluster: &Cluster,
+    names: &Names,
+    name: String,
+    key: &str,
+    content: String,
+) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(component_labels(names, Component::ApiServer)),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        data: Some([(key.to_string(), content)].into()),
+        ..Default::default()
+    }
+}
+
 /// The egress selector configuration kube-apiserver reads when a
 /// konnectivity-server runs beside it: traffic to the business cluster
 /// (nodes, Pods, Services) goes through the server's socket; etcd and the
@@ -559,17 +630,13 @@ egressSelections:
         udsName: {KONNECTIVITY_SOCKET_DIR}/konnectivity-server.sock
 "
     );
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(names.egress_selector_config()),
-            namespace: Some(names.namespace.clone()),
-            labels: Some(component_labels(names, Component::ApiServer)),
-            owner_references: Some(vec![owner(cluster)]),
-            ..Default::default()
-        },
-        data: Some([(EGRESS_KEY.to_string(), config)].into()),
-        ..Default::default()
-    }
+    apiserver_file(
+        cluster,
+        names,
+        names.egress_selector_config(),
+        EGRESS_KEY,
+        config,
+    )
 }
 
 /// The internal Service of kube-apiserver (for the other components).
@@ -705,6 +772,8 @@ fn kubeconfig_flags(port: i32) -> Vec<(&'static str, String)> {
         ("authorization-kubeconfig", kubeconfig),
         ("bind-address", "0.0.0.0".into()),
         ("secure-port", port.to_string()),
+        ("profiling", "false".into()),
+        ("tls-min-version", TLS_MIN_VERSION.into()),
     ]
 }
 
@@ -1049,6 +1118,78 @@ mod tests {
                 "{type_:?} {port} {addresses:?}"
             );
         }
+    }
+
+    /// The flags of the CIS Kubernetes Benchmark's control-plane section
+    /// that docs/security.md lists as met, on every component and in both
+    /// kube-apiserver layouts (with and without a konnectivity-server); the
+    /// authentication configuration they point at is mounted where they
+    /// say.
+    #[test]
+    fn control_plane_flags_are_hardened() {
+        let c = cluster(ClusterMode::Production);
+        let n = Names::new(&c, "cluster.local");
+        let inputs = PodInputs {
+            image: "x",
+            config_hash: "h",
+        };
+        let with = |flags: &[&str], d: &Deployment| {
+            let args = args_of(d);
+            for flag in flags {
+                assert!(args.contains(&flag.to_string()), "{flag} not in {args:?}");
+            }
+        };
+        let both = ["--profiling=false", "--tls-min-version=VersionTLS12"];
+        with(&both, &controller_manager(&c, &n, &inputs));
+        with(&both, &scheduler(&c, &n, &inputs));
+        let konnectivity = Konnectivity {
+            server_image: "konnectivity-server:v0.34.0".into(),
+            server_port: 8132,
+        };
+        for d in [
+            apiserver_with(&c, &n, None, None),
+            apiserver_with(&c, &n, None, Some(&konnectivity)),
+        ] {
+            with(&both, &d);
+            with(
+                &[
+                    "--authentication-config=/etc/kubernetes/authentication/authentication-configuration.yaml",
+                    "--kubelet-certificate-authority=/etc/kubernetes/pki/ca.crt",
+                ],
+                &d,
+            );
+            assert!(
+                !args_of(&d)
+                    .iter()
+                    .any(|a| a.starts_with("--anonymous-auth")),
+                "the flag and the configuration's anonymous section exclude each other"
+            );
+            let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+            let mounted = pod.containers[0]
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == "authentication" && m.mount_path == AUTHENTICATION_DIR);
+            assert!(mounted, "{:?}", pod.containers[0].volume_mounts);
+            let volume = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == "authentication")
+                .and_then(|v| v.config_map.clone())
+                .expect("the authentication volume");
+            assert_eq!(volume.name, n.authentication_config());
+        }
+        let config = authentication_config(&c, &n).data.expect("data")[AUTHENTICATION_KEY].clone();
+        let config: serde_json::Value = serde_norway::from_str(&config).expect("yaml");
+        let paths: Vec<&str> = config["anonymous"]["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .filter_map(|c| c["path"].as_str())
+            .collect();
+        assert_eq!(config["anonymous"]["enabled"], true);
+        assert_eq!(paths, ["/livez", "/readyz", "/healthz"]);
     }
 
     #[test]
