@@ -569,4 +569,28 @@ async fn oversized_objects_and_listings_are_refused_without_being_read() {
     let e = many.list().await.unwrap_err();
     assert!(matches!(e, StoreError::TooMany { .. }), "{e:?}");
     assert_eq!(other.list().await.unwrap().len(), 1);
+
+    // More complete snapshots (a data object and a manifest each) than one
+    // listing reads manifests of: refused before any is read, so a prefix
+    // filled with fakes costs a listing, not a GET per fake (each of these
+    // manifests, were it read, would only be left out as unparsable).
+    let mut fakes_config = store_config(&s3);
+    fakes_config.prefix = "clusters/tenant-d/c4".into();
+    let fakes = SnapshotStore::new(&fakes_config).unwrap();
+    let dir = s3.object_path(s3.bucket(), "clusters/tenant-d/c4");
+    std::fs::create_dir_all(&dir).unwrap();
+    let count = backup::store::MAX_LISTED_SNAPSHOTS + 1;
+    for i in 0..count {
+        let name = format!("20260101T000000Z-r{i}");
+        std::fs::write(dir.join(format!("{name}.db")), b"x").unwrap();
+        std::fs::write(dir.join(format!("{name}.manifest.json")), b"{").unwrap();
+    }
+    let e = fakes.list().await.unwrap_err();
+    assert!(
+        matches!(e, StoreError::TooManySnapshots { found, .. } if found == count),
+        "{e:?}"
+    );
+    assert_eq!(e.category(), "backup-too-large");
+    assert!(e.to_string().contains("remove the extra ones"), "{e}");
+    assert_eq!(other.list().await.unwrap().len(), 1);
 }

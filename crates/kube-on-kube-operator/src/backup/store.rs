@@ -45,6 +45,10 @@ pub const MAX_PKI_BYTES: u64 = 1024 * 1024;
 /// with millions of objects costs one bounded pass, not the operator's
 /// memory.
 pub const MAX_LISTED_OBJECTS: usize = 10_000;
+/// The most manifests one listing reads (one GET each): a retention keeps
+/// at most 1,000 snapshots (the CRD's bound), plus the newest and those
+/// cut short. A prefix a tenant filled with more costs no more than this.
+pub const MAX_LISTED_SNAPSHOTS: usize = 1_100;
 
 /// Why a snapshot could not be stored, listed or fetched.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +134,15 @@ pub enum StoreError {
     /// More objects under the prefix than one listing reads.
     #[error("more than {limit} objects under {prefix}; not listed")]
     TooMany { prefix: String, limit: usize },
+    /// More snapshots under the prefix than one listing reads manifests of.
+    #[error(
+        "{found} snapshots under {prefix}, more than the {limit} whose manifests one listing reads (a retention keeps at most 1000); not listed: remove the extra ones"
+    )]
+    TooManySnapshots {
+        prefix: String,
+        found: usize,
+        limit: usize,
+    },
     /// A local file could not be written.
     #[error("{what} {path}: {source}", path = path.display())]
     File {
@@ -156,7 +169,9 @@ impl StoreError {
             StoreError::Size { .. }
             | StoreError::Checksum { .. }
             | StoreError::NotASnapshot { .. } => "backup-corrupt",
-            StoreError::TooLarge { .. } | StoreError::TooMany { .. } => "backup-too-large",
+            StoreError::TooLarge { .. }
+            | StoreError::TooMany { .. }
+            | StoreError::TooManySnapshots { .. } => "backup-too-large",
             StoreError::File { .. } => "backup-file",
         }
     }
@@ -378,6 +393,14 @@ impl SnapshotStore {
         }
     }
 
+    /// `bucket/prefix/`, for messages.
+    fn shown_prefix(&self) -> String {
+        match &self.prefix {
+            Some(p) => format!("{}/{p}/", self.bucket),
+            None => format!("{}/", self.bucket),
+        }
+    }
+
     /// `bucket/key`, for messages.
     fn shown(&self, key: &Path) -> String {
         format!("{}/{key}", self.bucket)
@@ -589,8 +612,16 @@ impl SnapshotStore {
     /// restored.
     pub async fn list(&self) -> Result<Vec<Manifest>, StoreError> {
         let objects = self.objects().await?;
+        let complete = manifest::complete(&objects);
+        if complete.len() > MAX_LISTED_SNAPSHOTS {
+            return Err(StoreError::TooManySnapshots {
+                prefix: self.shown_prefix(),
+                found: complete.len(),
+                limit: MAX_LISTED_SNAPSHOTS,
+            });
+        }
         let mut manifests = Vec::new();
-        for (name, size) in manifest::complete(&objects) {
+        for (name, size) in complete {
             match self.manifest(&name).await {
                 Ok(m) if m.size == size => manifests.push(m),
                 Ok(m) => tracing::warn!(
@@ -633,10 +664,7 @@ impl SnapshotStore {
     /// [`MAX_LISTED_OBJECTS`] of them: the listing is read page by page and
     /// stops there.
     async fn objects(&self) -> Result<Vec<Listed>, StoreError> {
-        let where_ = match &self.prefix {
-            Some(p) => format!("{}/{p}/", self.bucket),
-            None => format!("{}/", self.bucket),
-        };
+        let where_ = self.shown_prefix();
         let depth = self.prefix.as_ref().map_or(0, |p| p.parts().count());
         let mut listing = self.store.list(self.prefix.as_ref());
         let mut objects = Vec::new();
