@@ -340,6 +340,30 @@ fn cases() -> Vec<Case> {
             "ip must be an IPv4 or IPv6 address",
         ),
         c(
+            "machine ip link-local",
+            "Machine",
+            Create(vec![("spec/ip", json!("169.254.169.254"))]),
+            "ip must be a unicast address of the host",
+        ),
+        c(
+            "machine ip loopback",
+            "Machine",
+            Create(vec![("spec/ip", json!("127.0.0.1"))]),
+            "ip must be a unicast address of the host",
+        ),
+        c(
+            "machine ip IPv6 link-local",
+            "Machine",
+            Create(vec![("spec/ip", json!("fe80::1"))]),
+            "ip must be a unicast address of the host",
+        ),
+        c(
+            "machine ip unspecified",
+            "Machine",
+            Create(vec![("spec/ip", json!("0.0.0.0"))]),
+            "ip must be a unicast address of the host",
+        ),
+        c(
             "machine name length",
             "Machine",
             Create(vec![("metadata/name", json!("m".repeat(64)))]),

@@ -64,6 +64,10 @@ pub struct MachineSpec {
     #[schemars(length(min = 2, max = 45))]
     #[x_kube(
         validation = Rule::new("isIP(self)").message("ip must be an IPv4 or IPv6 address"),
+        // Not an address of the operator's own host or network: loopback,
+        // link-local (cloud metadata services live there), unspecified or
+        // multicast.
+        validation = Rule::new("!isIP(self) || ip(self).isGlobalUnicast()").message("ip must be a unicast address of the host: not loopback, link-local (169.254.0.0/16, fe80::/10), unspecified or multicast"),
         validation = Rule::new("self == oldSelf").message("ip cannot be changed; create a new Machine for a host with a new address")
     )]
     pub ip: String,
