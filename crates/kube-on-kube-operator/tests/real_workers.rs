@@ -278,6 +278,18 @@ async fn workers_run_real_pods() {
         tolerations: vec![],
     });
     cluster.spec.api_server.external.type_ = ExposureType::LoadBalancer;
+    // A Machine whose Node is not Ready has its host checked (and a stopped
+    // kubelet restarted) 10 s after the host's last check instead of the
+    // node-operator's 2 minutes: the repair below comes right after the
+    // kubelet upgrade's checks. What it proves is the same.
+    cluster.spec.addons.push(
+        serde_json::from_value(serde_json::json!({
+            "name": "node-operator",
+            "version": env!("CARGO_PKG_VERSION"),
+            "values": {"nodeWait": "10s"},
+        }))
+        .expect("add-on entry"),
+    );
     let name = cluster.name_any();
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     clusters

@@ -508,6 +508,9 @@ pub fn render(
     if planned.name == KONNECTIVITY {
         konnectivity_values(&planned.values)?;
     }
+    if planned.name == NODE_OPERATOR {
+        node_wait(&planned.values)?;
+    }
     let values = context(planned, cluster, facts, settings)?;
     let name = format!("{} {} ({from})", planned.name, planned.version);
     let text = template::substitute(&name, &planned.template.text, &values)?;
@@ -621,7 +624,37 @@ fn node_operator_args(cluster: &Cluster, values: &Map<String, Value>) -> Vec<Str
     if let Some(dns) = dns_service_ip(&network.service_cidr) {
         args.push(format!("--cluster-dns={dns}"));
     }
+    // Refused before anything is applied (`render`), so never wrong here.
+    if let Ok(Some(wait)) = node_wait(values) {
+        args.push(format!("--node-wait={wait}"));
+    }
     args
+}
+
+/// The node-operator's `values.nodeWait` (its `--node-wait`, 2 minutes by
+/// default): how long after the last check of a host its Node may be not
+/// Ready before the host is checked again (and a stopped kubelet or
+/// runtime restarted). Whole seconds or minutes, from 1 s to 1 h.
+fn node_wait(values: &Map<String, Value>) -> Result<Option<String>, String> {
+    let Some(value) = values.get("nodeWait") else {
+        return Ok(None);
+    };
+    let refused = || {
+        format!(
+            "node-operator: values.nodeWait must be whole seconds or minutes from 1s to 1h (as 30s or 2m), not {value}"
+        )
+    };
+    let text = value.as_str().ok_or_else(refused)?;
+    let (number, unit) = text.split_at(text.len().saturating_sub(1));
+    let seconds = match (number.parse::<u32>(), unit) {
+        (Ok(n), "s") if !number.starts_with('+') => n,
+        (Ok(n), "m") if !number.starts_with('+') => n.saturating_mul(60),
+        _ => return Err(refused()),
+    };
+    if !(1..=3600).contains(&seconds) {
+        return Err(refused());
+    }
+    Ok(Some(text.to_string()))
 }
 
 /// The node-operator's Deployment in the Cluster's namespace of the
@@ -1200,6 +1233,70 @@ mod tests {
             .as_ref()
             .expect("secret");
         assert_eq!(secret.name, "prod-east-node-operator-kubeconfig");
+    }
+
+    /// `values.nodeWait` becomes the node-operator's `--node-wait`; a value
+    /// the node-operator would not start with is refused when the add-on is
+    /// rendered, with what is wrong, and no flag comes of it.
+    #[test]
+    fn node_wait_is_passed_on_or_refused_before_anything_is_applied() {
+        let c = production();
+        let n = names(&c);
+        let resources = ResourceRequirements::default();
+        let args = |values: Value| {
+            node_operator(&c, &n, values.as_object().expect("object"), &resources, "h")
+                .spec
+                .and_then(|s| s.template.spec)
+                .map(|p| p.containers[0].args.clone().unwrap_or_default())
+                .unwrap_or_default()
+        };
+        assert!(!args(json!({})).iter().any(|a| a.starts_with("--node-wait")));
+        for ok in ["1s", "20s", "2m", "60m", "3600s"] {
+            let values = json!({ "nodeWait": ok });
+            assert_eq!(
+                node_wait(values.as_object().expect("object")),
+                Ok(Some(ok.into()))
+            );
+            assert!(args(values).contains(&format!("--node-wait={ok}")), "{ok}");
+        }
+        for bad in [
+            json!("0s"),
+            json!("61m"),
+            json!("3601s"),
+            json!("10"),
+            json!("1h"),
+            json!("+5s"),
+            json!("-5s"),
+            json!("5 s"),
+            json!("s"),
+            json!(""),
+            json!(30),
+            json!("99999999999s"),
+        ] {
+            let values = json!({ "nodeWait": bad });
+            let err = node_wait(values.as_object().expect("object")).expect_err("refused");
+            assert!(err.contains("values.nodeWait must be"), "{err}");
+            assert!(
+                !args(values).iter().any(|a| a.starts_with("--node-wait")),
+                "{bad}"
+            );
+        }
+        let planned = plan(&c, &SETTINGS, &[], &[])
+            .into_iter()
+            .find_map(|p| match p {
+                Plan::Apply(p) if p.name == NODE_OPERATOR => Some(p),
+                _ => None,
+            })
+            .expect("the node-operator add-on");
+        let facts = Facts {
+            names: &n,
+            endpoint: "https://x:6443",
+            ca_pem: "",
+        };
+        let mut bad = planned.clone();
+        bad.values.insert("nodeWait".into(), json!("forever"));
+        let err = render(&bad, &c, &facts, &SETTINGS).expect_err("refused");
+        assert!(err.contains("values.nodeWait must be"), "{err}");
     }
 
     /// Rendered built-in add-ons of the production example, compared with the
