@@ -226,15 +226,26 @@ async fn example_becomes_a_working_kubernetes(
         assert_eq!(readyz.trim(), "ok", "{ip}");
     }
     // Hardened as docs/security.md lists: without credentials only the
-    // health endpoints answer, TLS below 1.2 gets no connection, and
+    // health endpoints and cluster-info answer, TLS below 1.2 gets no connection, and
     // profiling is off even for the admin. The controller-manager's and
     // scheduler's metrics want credentials too.
     for ip in &apiservers {
         let url = |path: &str| format!("https://{ip}:6443{path}");
-        for path in ["/readyz", "/livez", "/healthz"] {
+        for path in [
+            "/readyz",
+            "/livez",
+            "/healthz",
+            "/api/v1/namespaces/kube-public/configmaps/cluster-info",
+        ] {
             assert_eq!(anonymous_status(&url(path), &[]), Some(200), "{ip}{path}");
         }
-        for path in ["/version", "/api", "/apis", "/api/v1/namespaces"] {
+        for path in [
+            "/version",
+            "/api",
+            "/apis",
+            "/api/v1/namespaces",
+            "/api/v1/namespaces/kube-public/configmaps",
+        ] {
             assert_eq!(anonymous_status(&url(path), &[]), Some(401), "{ip}{path}");
         }
         let old_tls = ["--tlsv1.1", "--tls-max", "1.1"];

@@ -570,9 +570,11 @@ fn config_map_volume(name: &str, config_map: String) -> Volume {
 }
 
 /// kube-apiserver's authentication configuration: anonymous requests are
-/// authenticated only on the health endpoints (probes, load balancers), so
-/// nothing else (`/version`, discovery, what RBAC grants
-/// `system:unauthenticated`) answers a caller without credentials.
+/// authenticated only on the health endpoints (probes, load balancers) and
+/// `kube-public/cluster-info` (a joining kubelet reads it before it has
+/// credentials, as kubeadm's token discovery does), so nothing else
+/// (`/version`, discovery, what RBAC grants `system:unauthenticated`)
+/// answers a caller without credentials.
 pub fn authentication_config(cluster: &Cluster, names: &Names) -> ConfigMap {
     let config = "apiVersion: apiserver.config.k8s.io/v1
 kind: AuthenticationConfiguration
@@ -582,6 +584,7 @@ anonymous:
   - path: /livez
   - path: /readyz
   - path: /healthz
+  - path: /api/v1/namespaces/kube-public/configmaps/cluster-info
 ";
     apiserver_file(
         cluster,
@@ -1189,7 +1192,15 @@ mod tests {
             .filter_map(|c| c["path"].as_str())
             .collect();
         assert_eq!(config["anonymous"]["enabled"], true);
-        assert_eq!(paths, ["/livez", "/readyz", "/healthz"]);
+        assert_eq!(
+            paths,
+            [
+                "/livez",
+                "/readyz",
+                "/healthz",
+                "/api/v1/namespaces/kube-public/configmaps/cluster-info"
+            ]
+        );
     }
 
     #[test]
