@@ -374,7 +374,8 @@ async fn create_machines(
             async move {
                 let spec = MachineSpec {
                     hostname: None,
-                    ip: "127.0.0.1".into(),
+                    // TEST-NET-1: no host is visited.
+                    ip: "192.0.2.1".into(),
                     zone: None,
                     idc: None,
                     ssh: SshSpec {

@@ -22,9 +22,10 @@ use kube_on_kube_api::Machine;
 use kube_on_kube_api::machine::MachinePhase;
 use support::*;
 
-/// Counts the connections to a local port, closing each after 1.5 s.
-fn refusing_host() -> (u16, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+/// Counts the connections to a port of `ip` (an address of this machine),
+/// closing each after 1.5 s.
+fn refusing_host(ip: std::net::IpAddr) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind((ip, 0)).unwrap();
     let port = listener.local_addr().unwrap().port();
     let count = Arc::new(AtomicUsize::new(0));
     let seen = count.clone();
@@ -43,11 +44,14 @@ fn refusing_host() -> (u16, Arc<AtomicUsize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_host_is_retried_with_backoff() {
     let h = Harness::start(HarnessOptions { hosts: 1 }).await;
-    let (port, connections) = refusing_host();
+    // The test hosts' gateway: an address of this machine a Machine may
+    // name (the API server refuses loopback ones).
+    let gateway = h.hosts.gateway_ip();
+    let (port, connections) = refusing_host(gateway);
     let host = &h.hosts.hosts()[0];
     let mut m = machine(host, host.host_public_key(), 0);
     m.metadata.name = Some("refusing".into());
-    m.spec.ip = "127.0.0.1".into();
+    m.spec.ip = gateway.to_string();
     m.spec.ssh.port = port.into();
     let machines: Api<Machine> = h.machines();
     apply(&machines, &m).await;

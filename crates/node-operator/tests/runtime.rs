@@ -166,7 +166,8 @@ async fn leader_reconciles_machines_standby_waits_and_sigterm_hands_over() {
         "metadata": {"name": "runtime-m1"},
         "spec": {
             "hostname": "runtime-m1",
-            "ip": "127.0.0.1",
+            // TEST-NET-1: nobody answers there.
+            "ip": "192.0.2.1",
             "ssh": {
                 "user": "root",
                 "port": 1,
