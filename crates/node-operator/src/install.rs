@@ -25,6 +25,18 @@ const EXIT_UNSAFE_ARCHIVE: i32 = 27;
 const EXIT_ARTIFACT_TOO_LARGE: i32 = 28;
 const EXIT_UNPACKED_TOO_LARGE: i32 = 29;
 
+/// `fetch URL CURL-FLAGS...`: curl reads the URL from its standard input
+/// (`-K -`, a config line), never from its command line, where any user of
+/// the host could read the credentials a URL may carry (`user:password@`).
+/// The function and `printf` are the shell's own, so no process gets the
+/// URL as an argument; `"` and `\` are escaped for the config line, and a
+/// URL with a control character (a second config line) is refused.
+const FETCH_FUNCTION: &str = r#"fetch() {
+  case "$1" in *[![:print:]]*) echo "the URL has a control character" >&2; return 2 ;; esac
+  printf 'url = "%s"\n' "$(printf '%s' "$1" | sed 's/[\\"]/\\&/g')" | { shift; curl -K - "$@"; }
+}
+"#;
+
 /// What one step did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepOutput {
@@ -245,7 +257,7 @@ esac
     };
     Ok(format!(
         r#"set -eu
-{lock}dir={dir}
+{FETCH_FUNCTION}{lock}dir={dir}
 version={version}
 v="$dir/$version"
 want={sha}
@@ -263,7 +275,7 @@ rm -f "$dl"
 # later, stops any transfer that grows past it; the size is checked again
 # below for older curls.
 rc=0
-code=$(curl -sS -L --connect-timeout 10 --max-time 600 --max-filesize "$max_artifact" -o "$dl" -w '%{{http_code}}' "$url") || rc=$?
+code=$(fetch "$url" -sS -L --connect-timeout 10 --max-time 600 --max-filesize "$max_artifact" -o "$dl" -w '%{{http_code}}') || rc=$?
 if [ "$rc" = 63 ]; then
   rm -f "$dl"; echo "artifact larger than $max_artifact bytes"; exit {EXIT_ARTIFACT_TOO_LARGE}
 fi
@@ -477,11 +489,16 @@ pub fn health_script(check: &HealthCheck) -> String {
                 .collect::<Vec<_>>()
                 .join(" ")
         ),
-        (None, Some(url)) => format!("curl -fsS -o /dev/null --max-time 5 {}", quote(url)),
+        (None, Some(url)) => format!("fetch {} -fsS -o /dev/null --max-time 5", quote(url)),
         (None, None) => "true".to_string(),
     };
+    let fetch = if check.http_get.is_some() {
+        FETCH_FUNCTION
+    } else {
+        ""
+    };
     format!(
-        r#"deadline=$(( $(date +%s) + {timeout} ))
+        r#"{fetch}deadline=$(( $(date +%s) + {timeout} ))
 while :; do
   if out=$({probe} 2>&1); then
     echo "healthy"
@@ -1021,7 +1038,7 @@ mod tests {
             timeout_seconds: 60,
         });
         assert!(
-            http.contains("curl -fsS -o /dev/null --max-time 5 'http://127.0.0.1:10248/healthz'")
+            http.contains("fetch 'http://127.0.0.1:10248/healthz' -fsS -o /dev/null --max-time 5")
         );
     }
 

@@ -445,12 +445,30 @@ async fn single_binary_artifacts_and_http_health_checks() {
     let path = hosts.artifacts_dir().join(file);
     std::fs::write(&path, "#!/bin/sh\necho fake-ctl 1.0.0\n").unwrap();
     let sha = sha256(&path);
+    // URLs with credentials (the artifact server ignores them), and a
+    // `curl` first on the host's PATH that records every command line on
+    // the host each time it runs: the credentials reach curl, never an
+    // argv another user of the host could read.
+    let password = "s3cret-never-in-argv";
+    let with_credentials =
+        |url: String| url.replacen("http://", &format!("http://kok:{password}@"), 1);
+    let seen = "/var/lib/kube-on-kube/seen-curl";
+    on(
+        host,
+        &format!(
+            "mkdir -p /var/lib/kube-on-kube && cat > /usr/local/bin/curl <<'SH'\n#!/bin/sh\n\
+             echo run >> {seen}\n\
+             cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' >> {seen}\n\
+             echo >> {seen}\n\
+             exec /usr/bin/curl \"$@\"\nSH\nchmod 0755 /usr/local/bin/curl"
+        ),
+    );
     let spec = PackageVersionSpec {
         package: "fake-ctl".into(),
         version: "1.0.0".into(),
         artifacts: vec![Artifact {
             arch: Arch::Amd64,
-            url: hosts.artifact_url(file),
+            url: with_credentials(hosts.artifact_url(file)),
             sha256: sha,
             format: ArtifactFormat::Binary,
         }],
@@ -465,7 +483,7 @@ async fn single_binary_artifacts_and_http_health_checks() {
         // The artifact server stands in for a service's health endpoint.
         health_check: Some(HealthCheck {
             command: None,
-            http_get: Some(hosts.artifact_url(file)),
+            http_get: Some(with_credentials(hosts.artifact_url(file))),
             timeout_seconds: 5,
         }),
         depends_on: vec![],
@@ -477,6 +495,20 @@ async fn single_binary_artifacts_and_http_health_checks() {
     let result = installer.install(&spec, &BTreeMap::new()).await.unwrap();
     assert!(result.changed);
     assert_eq!(on(host, "/usr/local/bin/fake-ctl"), "fake-ctl 1.0.0");
+    let log = on(host, &format!("cat {seen}"));
+    assert_eq!(
+        log.lines().filter(|l| *l == "run").count(),
+        2,
+        "curl ran for the download and the health check: {log}"
+    );
+    assert!(
+        log.contains("curl -K -"),
+        "the command lines were read: {log}"
+    );
+    assert!(
+        !log.contains(password),
+        "a URL's password was in a command line: {log}"
+    );
     assert!(
         !installer
             .install(&spec, &BTreeMap::new())
