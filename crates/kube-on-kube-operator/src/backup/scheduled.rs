@@ -464,11 +464,12 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
 }
 
 /// The requeue for a snapshot due at `due` (none: until the spec changes,
-/// looked at hourly all the same).
+/// looked at hourly all the same). One already due (an attempt that took
+/// longer than the interval) is looked at again at once, not in an hour.
 fn wait_until(due: Option<Timestamp>, now: Timestamp) -> Action {
-    let wait = due
-        .and_then(|at| Duration::try_from(now.duration_until(at)).ok())
-        .unwrap_or(LONGEST_WAIT);
+    let wait = due.map_or(LONGEST_WAIT, |at| {
+        Duration::try_from(now.duration_until(at)).unwrap_or(Duration::ZERO)
+    });
     Action::requeue(wait.clamp(Duration::from_secs(1), LONGEST_WAIT))
 }
 
@@ -914,6 +915,22 @@ mod tests {
         // Everything too old: the newest stays all the same.
         let later = ts("2026-12-30T00:00:00Z");
         assert_eq!(expired(&kept, 10, day, later), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_snapshot_already_due_is_looked_at_again_at_once() {
+        // An attempt that outlasts the interval ends with the next one due.
+        let now = ts("2026-01-01T00:00:10Z");
+        let requeue = |due: Option<&str>| wait_until(due.map(ts), now);
+        assert_eq!(
+            requeue(Some("2026-01-01T00:00:04Z")),
+            Action::requeue(Duration::from_secs(1))
+        );
+        assert_eq!(
+            requeue(Some("2026-01-01T00:00:40Z")),
+            Action::requeue(Duration::from_secs(30))
+        );
+        assert_eq!(requeue(None), Action::requeue(LONGEST_WAIT));
     }
 
     #[test]
