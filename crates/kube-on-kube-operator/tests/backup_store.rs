@@ -371,14 +371,13 @@ async fn a_broken_upload_is_never_listed_and_a_damaged_object_is_refused() {
         kubernetes_version: None,
         taken_at: manifest::rfc3339(now),
         member: member.etcd.client_url.clone(),
-        pki: None,
         request: None,
     };
     let broken = futures::stream::iter(vec![
         Ok(Bytes::from(noise(100_000, 3))),
         Err(std::io::Error::other("connection to etcd lost")),
     ]);
-    let e = store.upload(&info, broken).await.unwrap_err();
+    let e = store.upload(&info, broken, None).await.unwrap_err();
     assert!(matches!(e, StoreError::Source(_)), "{e:?}");
     assert!(e.to_string().contains("connection to etcd lost"), "{e}");
     assert_eq!(store.list().await.unwrap(), vec![good.clone()]);
@@ -396,7 +395,7 @@ async fn a_broken_upload_is_never_listed_and_a_damaged_object_is_refused() {
         ..info.clone()
     };
     let one = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from_static(b"x"))]);
-    let e = store.upload(&again, one).await.unwrap_err();
+    let e = store.upload(&again, one, None).await.unwrap_err();
     assert!(matches!(e, StoreError::Exists { .. }), "{e:?}");
     assert_eq!(store.list().await.unwrap(), vec![good.clone()]);
 

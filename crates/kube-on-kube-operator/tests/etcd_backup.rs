@@ -19,6 +19,11 @@
 //! - the latest snapshot restored into a new Cluster in another namespace:
 //!   every object there, the same CA, and a kubeconfig of the first Cluster
 //!   admitted by the second;
+//! - restores that cannot be refused with their reasons, nothing made: a
+//!   damaged snapshot, a newer Kubernetes minor, a missing snapshot, another
+//!   key (its data not even read), and a snapshot whose data and manifest
+//!   were swapped for another snapshot's (its sealed identity vouches for
+//!   other data);
 //! - snapshots on a PersistentVolumeClaim, through the snapshot gateway the
 //!   operator runs on it: a missing claim and an etcd member's claim
 //!   refused with their reasons, retention on the claim's files, a Cluster
@@ -251,6 +256,17 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
                 .expect("data");
             assert_eq!(bundle.secrets[role], live, "{role}");
         }
+        // And it names the data it was stored with.
+        assert_eq!(
+            bundle.data,
+            Some(kube_on_kube_operator::backup::pki::Data {
+                sha256: m.sha256.clone(),
+                size: m.size,
+                revision: m.etcd_revision,
+            }),
+            "{}",
+            m.name
+        );
         let other =
             kube_on_kube_operator::backup::pki::Key::from_secret_value(&[9u8; 32]).expect("key");
         assert!(kube_on_kube_operator::backup::pki::open(&sealed, &other, &m.name).is_err());
@@ -502,6 +518,42 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     bytes[100] ^= 0xff;
     std::fs::write(&file, &bytes).expect("damage it");
 
+    // A snapshot whose data was swapped for another snapshot's, the
+    // manifest's size and sha256 made to match: data and manifest agree,
+    // but the sealed identity vouches for other data.
+    let c = ask(&clusters, name, "to-swap").await;
+    let swapped = backup_status(&c)["lastSnapshot"]["name"]
+        .as_str()
+        .expect("snapshot")
+        .to_string();
+    let object = |snapshot: &str, suffix: &str| {
+        s3.object_path(s3.bucket(), &format!("{prefix}/{snapshot}{suffix}"))
+    };
+    std::fs::copy(object(&source, ".db"), object(&swapped, ".db")).expect("swap the data");
+    let read_manifest = |snapshot: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(object(snapshot, ".manifest.json")).expect("read"))
+            .expect("manifest")
+    };
+    let mut forged = read_manifest(&swapped);
+    let theirs = read_manifest(&source);
+    forged["size"] = theirs["size"].clone();
+    forged["sha256"] = theirs["sha256"].clone();
+    std::fs::write(
+        object(&swapped, ".manifest.json"),
+        serde_json::to_vec_pretty(&forged).expect("json"),
+    )
+    .expect("forge the manifest");
+    // Reads of the source's data from here on: a restore refused for its
+    // key reads none (its identity is opened before the data is read).
+    let data_reads = |snapshot: &str| {
+        let key = format!("{prefix}/{snapshot}.db ");
+        std::fs::read_to_string(s3.log_path())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("s3_GetObject") && l.contains(&key))
+            .count()
+    };
+
     // Restores that cannot be: each its reason, and nothing of the Cluster
     // made (no member that would start on an empty database, no CA).
     let refused: Vec<(&str, Value, &str)> = vec![
@@ -525,6 +577,11 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
             json!({"snapshot": source, "key": "other-key"}),
             "IdentityNotOpened",
         ),
+        (
+            "another snapshot's data",
+            json!({"snapshot": swapped, "key": "backup-key"}),
+            "SnapshotDataMismatch",
+        ),
     ];
     let other_key = {
         use base64::Engine as _;
@@ -532,6 +589,7 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     };
     put_secret(&client, &ns2, &secret("other-key", &[("key", &other_key)])).await;
     for (i, (what, case, reason)) in refused.iter().enumerate() {
+        let reads_before = data_reads(&source);
         let cluster_name = format!("refused-{i}");
         let mut c = test_cluster(&ns2, &cluster_name, ClusterMode::Minimal);
         if let Some(version) = case["version"].as_str() {
@@ -573,6 +631,13 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
             .await
             .expect("secret");
         assert!(ca.is_none(), "{what}: no CA made");
+        if *reason == "IdentityNotOpened" {
+            assert_eq!(
+                data_reads(&source),
+                reads_before,
+                "{what}: the snapshot's data is not read"
+            );
+        }
         assert!(
             !event_notes(&client, &ns2, &cluster_name, reason)
                 .await
@@ -616,7 +681,12 @@ async fn snapshots_on_a_claim_go_through_the_gateway_rebuild_the_cluster_and_sta
         &client,
         &ns,
         &runner.nodes()[2],
-        &["--operator-image=kube-on-kube-operator".into()],
+        &[
+            "--operator-image=kube-on-kube-operator".into(),
+            // Requests one after the other (the default answers one per
+            // five minutes).
+            "--backup-min-interval=1s".into(),
+        ],
     )
     .await;
     let key_text = {

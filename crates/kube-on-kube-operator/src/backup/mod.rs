@@ -148,7 +148,6 @@ pub async fn take(
         Err(_) => (0, String::new()),
     };
     let name = manifest::snapshot_name(now, revision);
-    let sealed = pki.map(|(bundle, key)| (pki::seal(bundle, key, &name), key.id()));
     let info = SnapshotInfo {
         name,
         etcd_revision: revision,
@@ -156,14 +155,13 @@ pub async fn take(
         kubernetes_version: kubernetes_version.map(str::to_owned),
         taken_at: manifest::rfc3339(now),
         member: member.endpoint.clone(),
-        pki: sealed,
         request: request.map(str::to_owned),
     };
     let data = snapshot::stream(etcd, &member.endpoint, SNAPSHOT_IDLE)
         .await
         .map_err(BackupError::Snapshot)?;
     let manifest = store
-        .upload(&info, data)
+        .upload(&info, data, pki)
         .await
         .map_err(BackupError::Store)?;
     tracing::info!(

@@ -8,7 +8,11 @@
 //! Sealed form: `KOKPKI1\n`, a 12-byte random nonce, then the ciphertext of
 //! the JSON bundle with its 16-byte tag. The snapshot's name is the
 //! additional authenticated data: a bundle moved next to another snapshot
-//! does not open. Everything here is pure but for the nonce.
+//! does not open. Since format 2 the bundle also names the data it was
+//! sealed with (the `.db` object's sha256 and size, and the revision), so
+//! a snapshot whose data (and manifest) were swapped for another's is
+//! refused before anything is restored from it ([`check_data`]).
+//! Everything here is pure but for the nonce.
 
 use std::collections::BTreeMap;
 
@@ -20,8 +24,12 @@ use sha2::{Digest, Sha256};
 
 /// What a sealed bundle starts with.
 const MAGIC: &[u8] = b"KOKPKI1\n";
-/// The bundle format this code writes and reads.
-const FORMAT: u32 = 1;
+/// The bundle format this code writes: the identity and the data it
+/// vouches for.
+const FORMAT: u32 = 2;
+/// The format written before bundles named their snapshot's data; still
+/// read, and said to vouch for no data.
+const FORMAT_UNBOUND: u32 = 1;
 /// The key of the user's Secret that holds the key.
 pub const KEY_FIELD: &str = "key";
 
@@ -51,6 +59,15 @@ pub enum PkiError {
     /// A Secret of the identity is missing, or a key of it.
     #[error("{0}")]
     Missing(String),
+    /// The snapshot's data is not the data the bundle was sealed with.
+    #[error(
+        "snapshot {snapshot}'s data is not the data its identity was sealed with: the manifest says {found}, the sealed identity {sealed}; the storage holds another snapshot's (or another cluster's) data under this name"
+    )]
+    NotItsData {
+        snapshot: String,
+        found: String,
+        sealed: String,
+    },
 }
 
 /// A 256-bit key.
@@ -100,12 +117,36 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The snapshot data a bundle is sealed with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Data {
+    /// sha256 of the `.db` object, lower-case hex.
+    pub sha256: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The etcd revision the snapshot holds at least.
+    pub revision: u64,
+}
+
+impl std::fmt::Display for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sha256 {}, {} bytes, revision {}",
+            self.sha256, self.size, self.revision
+        )
+    }
+}
+
 /// The identity Secrets' data, by role ([`ROLES`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bundle {
     format: u32,
     /// Role → the Secret's data.
     pub secrets: BTreeMap<String, BTreeMap<String, ByteString>>,
+    /// The data of the snapshot it is sealed with (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Data>,
 }
 
 impl Bundle {
@@ -126,9 +167,36 @@ impl Bundle {
             )));
         }
         Ok(Bundle {
-            format: FORMAT,
+            format: FORMAT_UNBOUND,
             secrets,
+            data: None,
         })
+    }
+
+    /// The bundle, naming the snapshot data it is sealed with (what
+    /// snapshots are stored with).
+    pub fn for_data(&self, data: Data) -> Bundle {
+        Bundle {
+            format: FORMAT,
+            data: Some(data),
+            ..self.clone()
+        }
+    }
+}
+
+/// Whether `bundle` (opened for snapshot `snapshot`) vouches for `found`,
+/// the data the snapshot's manifest describes: `Ok(true)` when it names
+/// that data, `Ok(false)` for a bundle sealed before bundles named their
+/// data (it vouches for none), an error when it names other data.
+pub fn check_data(bundle: &Bundle, snapshot: &str, found: &Data) -> Result<bool, PkiError> {
+    match &bundle.data {
+        None => Ok(false),
+        Some(sealed) if sealed == found => Ok(true),
+        Some(sealed) => Err(PkiError::NotItsData {
+            snapshot: snapshot.to_string(),
+            found: found.to_string(),
+            sealed: sealed.to_string(),
+        }),
     }
 }
 
@@ -174,10 +242,17 @@ pub fn open(sealed: &[u8], key: &Key, snapshot: &str) -> Result<Bundle, PkiError
         .map_err(|_| PkiError::Open { key_id: key.id() })?;
     let bundle: Bundle =
         serde_json::from_slice(plain).map_err(|e| PkiError::Format(e.to_string()))?;
-    if bundle.format != FORMAT {
-        return Err(PkiError::Format(format!("format {}", bundle.format)));
+    match (bundle.format, &bundle.data) {
+        (FORMAT, Some(_)) | (FORMAT_UNBOUND, None) => {}
+        (FORMAT, None) => return Err(PkiError::Format("format 2 without its data".into())),
+        (format, _) => return Err(PkiError::Format(format!("format {format}"))),
     }
-    Bundle::new(bundle.secrets)
+    let data = bundle.data.clone();
+    Ok(Bundle {
+        format: bundle.format,
+        data,
+        ..Bundle::new(bundle.secrets)?
+    })
 }
 
 #[cfg(test)]
@@ -233,6 +308,41 @@ mod tests {
             open(&sealed[..20], &key(1), "20261127T120500Z-r1"),
             Err(PkiError::NotSealed)
         );
+    }
+
+    #[test]
+    fn a_bundle_vouches_for_the_data_it_was_sealed_with_only() {
+        let data = Data {
+            sha256: "ab".repeat(32),
+            size: 4096,
+            revision: 7,
+        };
+        let sealed = seal(&bundle().for_data(data.clone()), &key(1), "s");
+        let opened = open(&sealed, &key(1), "s").unwrap();
+        assert_eq!(opened.data.as_ref(), Some(&data));
+        assert_eq!(check_data(&opened, "s", &data), Ok(true));
+        // Another snapshot's data under this name, manifest and all.
+        for other in [
+            Data {
+                sha256: "cd".repeat(32),
+                ..data.clone()
+            },
+            Data {
+                size: 4097,
+                ..data.clone()
+            },
+            Data {
+                revision: 8,
+                ..data.clone()
+            },
+        ] {
+            let e = check_data(&opened, "s", &other).unwrap_err();
+            assert!(matches!(e, PkiError::NotItsData { .. }), "{e}");
+            assert!(e.to_string().contains(&other.to_string()), "{e}");
+        }
+        // A bundle of the first format names no data: it vouches for none.
+        let old = open(&seal(&bundle(), &key(1), "s"), &key(1), "s").unwrap();
+        assert_eq!(check_data(&old, "s", &data), Ok(false));
     }
 
     #[test]

@@ -188,7 +188,8 @@ pub async fn prepare(
             Ok(Some(Action::requeue(Duration::from_secs(5))))
         }
         Err(failure) => {
-            tracing::warn!(cluster = %names.cluster, reason = %failure.reason, message = %failure.message, "restore refused");
+            let wait = retry_after(failing_since(cluster), Timestamp::now());
+            tracing::warn!(cluster = %names.cluster, reason = %failure.reason, message = %failure.message, retry_in = ?wait, "restore refused");
             say(
                 ctx,
                 cluster,
@@ -204,9 +205,97 @@ pub async fn prepare(
                 failure.message,
             )
             .await?;
-            Ok(Some(Action::requeue(Duration::from_secs(30))))
+            Ok(Some(Action::requeue(wait)))
         }
     }
+}
+
+/// When the Cluster's restore began to fail: its `Restored=False`
+/// condition's last transition.
+fn failing_since(cluster: &Cluster) -> Option<Timestamp> {
+    cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RESTORED && c.status == "False")
+        .map(|c| c.last_transition_time.0)
+}
+
+/// How long a refused restore waits before it is tried again: as long as
+/// it has been failing (so the waits double), from 30 s to 10 minutes. A
+/// restore that cannot be (a wrong key, a snapshot that is not there) is
+/// looked at a few times an hour, not twice a minute.
+fn retry_after(failing_since: Option<Timestamp>, now: Timestamp) -> Duration {
+    const FIRST: Duration = Duration::from_secs(30);
+    const LONGEST: Duration = Duration::from_secs(600);
+    failing_since
+        .and_then(|since| Duration::try_from(since.duration_until(now)).ok())
+        .unwrap_or(FIRST)
+        .clamp(FIRST, LONGEST)
+}
+
+/// The identity of the snapshot `manifest` describes, opened with `key`,
+/// and checked to vouch for the data the manifest describes. Only small
+/// objects are read: a wrong key, or data that is not the snapshot's,
+/// costs no download of the data.
+async fn open_identity(
+    ctx: &Context,
+    cluster: &Cluster,
+    store: &SnapshotStore,
+    key: &pki::Key,
+    manifest: &Manifest,
+) -> Result<pki::Bundle, Failure> {
+    if manifest.pki.is_none() {
+        return Err(Failure::new(
+            "NoIdentity",
+            format!(
+                "snapshot {} has no sealed identity beside it: a Cluster restored from it could not keep its CAs",
+                manifest.name
+            ),
+        ));
+    }
+    let sealed = store
+        .pki(manifest)
+        .await
+        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
+    let bundle = pki::open(&sealed, key, &manifest.name)
+        .map_err(|e| Failure::new("IdentityNotOpened", e.to_string()))?;
+    let data = pki::Data {
+        sha256: manifest.sha256.clone(),
+        size: manifest.size,
+        revision: manifest.etcd_revision,
+    };
+    match pki::check_data(&bundle, &manifest.name, &data) {
+        Ok(true) => {}
+        Ok(false) => {
+            // Sealed by an operator before identities named their data.
+            publish(
+                ctx,
+                cluster,
+                EventType::Warning,
+                "DataNotVouchedFor",
+                "Restore",
+                format!(
+                    "snapshot {}'s identity was sealed before identities named their data: its data is trusted as the storage holds it",
+                    manifest.name
+                ),
+            )
+            .await;
+        }
+        Err(e) => return Err(Failure::new("SnapshotDataMismatch", e.to_string())),
+    }
+    Ok(bundle)
+}
+
+/// Reads the snapshot `manifest` describes through once, before anything
+/// is made or given up for it: a corrupt or cut-short snapshot is refused
+/// here, with its reason.
+async fn verify(store: &SnapshotStore, manifest: &Manifest) -> Result<(), Failure> {
+    store
+        .verify(manifest)
+        .await
+        .map_err(|e| Failure::categorized(e.category(), e.to_string()))
 }
 
 /// The snapshot to restore, checked, and the Cluster's identity Secrets
@@ -218,6 +307,10 @@ async fn identity(
     from: &RestoreFrom,
     recorded: Option<&RestoreStatus>,
 ) -> Result<RestoreStatus, Failure> {
+    // The key first: a restore that cannot open the identity reads nothing
+    // from the storage but its listing and small objects.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let key = read_key(&secrets, &from.encryption_key_secret).await?;
     let store = open_store(ctx, names, restore_storage(names, from), "etcd.restoreFrom").await?;
     // A snapshot chosen once stays chosen: `latest` moving on between
     // attempts would mix two snapshots' identity and data.
@@ -239,14 +332,8 @@ async fn identity(
             ),
         ));
     }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let key = read_key(&secrets, &from.encryption_key_secret).await?;
-    let sealed = store
-        .pki(&manifest)
-        .await
-        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
-    let bundle = pki::open(&sealed, &key, &manifest.name)
-        .map_err(|e| Failure::new("IdentityNotOpened", e.to_string()))?;
+    let bundle = open_identity(ctx, cluster, &store, &key, &manifest).await?;
+    verify(&store, &manifest).await?;
     for role in pki::ROLES {
         let name = names.cert_secret(role);
         let data = bundle.secrets[role].clone();
@@ -350,14 +437,22 @@ pub async fn recover(
         return Ok(Some(Action::requeue(Duration::from_secs(30))));
     }
     let wanted = asked.map_or("latest", String::as_str);
+    // Only from a snapshot whose identity opens with the Cluster's key and
+    // vouches for its data, and whose data reads through.
     let chosen = async {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        let key = read_key(&secrets, &backup.encryption_key_secret).await?;
         let store = open_store(ctx, names, backup_storage(names, backup), "etcd.backup").await?;
-        choose(&store, wanted, "etcd.backup").await
+        let manifest = choose(&store, wanted, "etcd.backup").await?;
+        open_identity(ctx, cluster, &store, &key, &manifest).await?;
+        verify(&store, &manifest).await?;
+        Ok::<_, Failure>(manifest)
     }
     .await;
     let manifest = match chosen {
         Ok(m) => m,
         Err(failure) => {
+            let wait = retry_after(failing_since(cluster), Timestamp::now());
             let message = format!(
                 "{lost_message}; no snapshot to rebuild it from: {}",
                 failure.message
@@ -377,7 +472,7 @@ pub async fn recover(
                 message,
             )
             .await?;
-            return Ok(Some(Action::requeue(Duration::from_secs(30))));
+            return Ok(Some(Action::requeue(wait)));
         }
     };
     let restore = RestoreStatus {
@@ -432,7 +527,8 @@ pub async fn recover(
     Ok(Some(Action::requeue(Duration::from_secs(2))))
 }
 
-/// The complete snapshot `wanted` names (`latest`: the newest).
+/// The complete snapshot `wanted` names (`latest`: the newest), its
+/// manifest only.
 async fn choose(store: &SnapshotStore, wanted: &str, field: &str) -> Result<Manifest, Failure> {
     let found = if wanted == "latest" {
         store
@@ -454,21 +550,6 @@ async fn choose(store: &SnapshotStore, wanted: &str, field: &str) -> Result<Mani
             format!("no complete snapshot {wanted:?} in the storage {field} names"),
         )
     })?;
-    // Read through once, before anything is made or given up for it: a
-    // corrupt or cut-short snapshot is refused here, with its reason.
-    store
-        .verify(&manifest)
-        .await
-        .map_err(|e| Failure::categorized(e.category(), e.to_string()))?;
-    if manifest.pki.is_none() {
-        return Err(Failure::new(
-            "NoIdentity",
-            format!(
-                "snapshot {} has no sealed identity beside it: a Cluster restored from it could not keep its CAs",
-                manifest.name
-            ),
-        ));
-    }
     Ok(manifest)
 }
 
@@ -564,5 +645,18 @@ mod tests {
         assert_eq!(minor("v1.35.4"), Some(35));
         assert_eq!(minor("1.36"), Some(36));
         assert_eq!(minor("garbage"), None);
+    }
+
+    #[test]
+    fn a_refused_restore_waits_as_long_as_it_has_failed_from_30_s_to_10_minutes() {
+        let now: Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
+        let since = |s: &str| Some(s.parse::<Timestamp>().unwrap());
+        let secs = |d: Duration| d.as_secs();
+        assert_eq!(secs(retry_after(None, now)), 30);
+        assert_eq!(secs(retry_after(since("2026-01-01T00:59:50Z"), now)), 30);
+        assert_eq!(secs(retry_after(since("2026-01-01T00:58:00Z"), now)), 120);
+        assert_eq!(secs(retry_after(since("2026-01-01T00:00:00Z"), now)), 600);
+        // A clock that went back does not make it hurry.
+        assert_eq!(secs(retry_after(since("2026-01-01T02:00:00Z"), now)), 30);
     }
 }

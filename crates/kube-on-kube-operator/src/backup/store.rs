@@ -131,6 +131,10 @@ pub enum StoreError {
         what: &'static str,
         limit: u64,
     },
+    /// A storage operation did not end within its overall deadline (a
+    /// storage that answers, but slowly enough to hold the operator).
+    #[error("storage did not finish {what} within {after:?}")]
+    Deadline { what: String, after: Duration },
     /// More objects under the prefix than one listing reads.
     #[error("more than {limit} objects under {prefix}; not listed")]
     TooMany { prefix: String, limit: usize },
@@ -160,7 +164,7 @@ impl StoreError {
             StoreError::Config { .. } | StoreError::Transport(_) => "backup-config",
             StoreError::Denied { .. } => "backup-denied",
             StoreError::Untrusted { .. } => "backup-untrusted",
-            StoreError::Unreachable { .. } => "backup-unreachable",
+            StoreError::Unreachable { .. } | StoreError::Deadline { .. } => "backup-unreachable",
             StoreError::Storage { .. } => "backup-storage",
             StoreError::Exists { .. } => "backup-exists",
             StoreError::Missing { .. } => "backup-missing",
@@ -251,6 +255,14 @@ pub struct StoreConfig {
     pub max_retries: usize,
     /// How long a request may be retried for.
     pub retry_timeout: Duration,
+    /// The overall deadline of one operation on small objects (a listing
+    /// with every page, a manifest, a sealed identity, a deletion),
+    /// retries included, however the storage paces its answers.
+    pub deadline: Duration,
+    /// The slowest transfer of a snapshot's data the operator waits for,
+    /// in bytes per second: reading `size` bytes may take `deadline` plus
+    /// `size / min_rate` seconds.
+    pub min_rate: u64,
 }
 
 impl std::fmt::Debug for StoreConfig {
@@ -293,6 +305,8 @@ impl StoreConfig {
             },
             max_retries: 3,
             retry_timeout: Duration::from_secs(120),
+            deadline: Duration::from_secs(180),
+            min_rate: 1024 * 1024,
         }
     }
 }
@@ -312,9 +326,6 @@ pub struct SnapshotInfo {
     pub taken_at: String,
     /// The client URL of the member.
     pub member: String,
-    /// The Cluster's identity, sealed ([`super::pki::seal`]), and the id
-    /// of the key it is sealed with; stored beside the data.
-    pub pki: Option<(Vec<u8>, String)>,
     /// The request it is taken for (see [`Manifest::request`]).
     pub request: Option<String>,
 }
@@ -325,6 +336,8 @@ pub struct SnapshotStore {
     store: AmazonS3,
     prefix: Option<Path>,
     bucket: String,
+    deadline: Duration,
+    min_rate: u64,
 }
 
 impl SnapshotStore {
@@ -382,7 +395,47 @@ impl SnapshotStore {
             store,
             prefix,
             bucket: config.bucket.clone(),
+            deadline: config.deadline,
+            min_rate: config.min_rate.max(1),
         })
+    }
+
+    /// `operation`'s result if it ends within `after`; else it is dropped
+    /// (its requests with it) and the answer is [`StoreError::Deadline`].
+    async fn within<T>(
+        &self,
+        after: Duration,
+        what: impl FnOnce() -> String,
+        operation: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(after, operation)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Deadline {
+                    what: what(),
+                    after,
+                })
+            })
+    }
+
+    /// One request's answer if it comes within the deadline.
+    async fn bounded<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        request: impl Future<Output = object_store::Result<T>>,
+    ) -> Result<object_store::Result<T>, StoreError> {
+        tokio::time::timeout(self.deadline, request)
+            .await
+            .map_err(|_| StoreError::Deadline {
+                what: what(),
+                after: self.deadline,
+            })
+    }
+
+    /// How long reading `size` bytes of a snapshot's data may take.
+    fn data_deadline(&self, size: u64) -> Duration {
+        self.deadline
+            .saturating_add(Duration::from_secs(size / self.min_rate))
     }
 
     /// The key of `name` under the prefix.
@@ -406,10 +459,18 @@ impl SnapshotStore {
         format!("{}/{key}", self.bucket)
     }
 
-    /// Uploads the snapshot file `data` yields as `info.name`, then its
-    /// manifest, and returns the manifest. Refuses a name that exists; on
-    /// any failure the upload is abandoned and no manifest is written.
-    pub async fn upload<S, E>(&self, info: &SnapshotInfo, data: S) -> Result<Manifest, StoreError>
+    /// Uploads the snapshot file `data` yields as `info.name`, then the
+    /// Cluster's identity `pki` (when given) sealed with its key for this
+    /// snapshot and naming the data just stored ([`super::pki::Data`]),
+    /// then its manifest, and returns the manifest. Refuses a name that
+    /// exists; on any failure the upload is abandoned and no manifest is
+    /// written.
+    pub async fn upload<S, E>(
+        &self,
+        info: &SnapshotInfo,
+        data: S,
+        pki: Option<(&super::pki::Bundle, &super::pki::Key)>,
+    ) -> Result<Manifest, StoreError>
     where
         S: Stream<Item = Result<Bytes, E>> + Unpin,
         E: std::error::Error + Send + Sync + 'static,
@@ -423,7 +484,13 @@ impl SnapshotStore {
         let data_key = self.key(&object);
         let manifest_key = self.key(&format!("{}{MANIFEST_SUFFIX}", info.name));
         for key in [&data_key, &manifest_key] {
-            match self.store.head(key).await {
+            let looked = self
+                .bounded(
+                    || format!("looking for {}", self.shown(key)),
+                    self.store.head(key),
+                )
+                .await?;
+            match looked {
                 Ok(_) => {
                     return Err(StoreError::Exists {
                         key: self.shown(key),
@@ -469,9 +536,15 @@ impl SnapshotStore {
             )
         })?;
         let sums = digest.finish();
-        let stored = self.store.head(&data_key).await.map_err(|e| {
-            StoreError::from_storage(format!("reading back {}", self.shown(&data_key)), e)
-        })?;
+        let stored = self
+            .bounded(
+                || format!("reading back {}", self.shown(&data_key)),
+                self.store.head(&data_key),
+            )
+            .await?
+            .map_err(|e| {
+                StoreError::from_storage(format!("reading back {}", self.shown(&data_key)), e)
+            })?;
         if stored.size != sums.size {
             return Err(StoreError::Size {
                 key: self.shown(&data_key),
@@ -479,9 +552,17 @@ impl SnapshotStore {
                 actual: stored.size,
             });
         }
-        let pki = match &info.pki {
+        let pki = match pki {
             None => None,
-            Some((sealed, key_id)) => Some(self.put_pki(&info.name, sealed, key_id).await?),
+            Some((bundle, key)) => {
+                let bound = bundle.for_data(super::pki::Data {
+                    sha256: sums.sha256.clone(),
+                    size: sums.size,
+                    revision: info.etcd_revision,
+                });
+                let sealed = super::pki::seal(&bound, key, &info.name);
+                Some(self.put_pki(&info.name, &sealed, &key.id()).await?)
+            }
         };
         let manifest = Manifest {
             format: manifest::FORMAT,
@@ -508,16 +589,19 @@ impl SnapshotStore {
             attributes,
             ..Default::default()
         };
-        self.store
-            .put_opts(&manifest_key, PutPayload::from(json), options)
-            .await
-            .map_err(|e| match e {
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. } => StoreError::Exists {
-                    key: self.shown(&manifest_key),
-                },
-                e => StoreError::from_storage(format!("writing {}", self.shown(&manifest_key)), e),
-            })?;
+        self.bounded(
+            || format!("writing {}", self.shown(&manifest_key)),
+            self.store
+                .put_opts(&manifest_key, PutPayload::from(json), options),
+        )
+        .await?
+        .map_err(|e| match e {
+            object_store::Error::AlreadyExists { .. }
+            | object_store::Error::Precondition { .. } => StoreError::Exists {
+                key: self.shown(&manifest_key),
+            },
+            e => StoreError::from_storage(format!("writing {}", self.shown(&manifest_key)), e),
+        })?;
         Ok(manifest)
     }
 
@@ -535,16 +619,19 @@ impl SnapshotStore {
             mode: PutMode::Create,
             ..Default::default()
         };
-        self.store
-            .put_opts(&key, PutPayload::from(sealed.to_vec()), options)
-            .await
-            .map_err(|e| match e {
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. } => StoreError::Exists {
-                    key: self.shown(&key),
-                },
-                e => StoreError::from_storage(format!("writing {}", self.shown(&key)), e),
-            })?;
+        self.bounded(
+            || format!("writing {}", self.shown(&key)),
+            self.store
+                .put_opts(&key, PutPayload::from(sealed.to_vec()), options),
+        )
+        .await?
+        .map_err(|e| match e {
+            object_store::Error::AlreadyExists { .. }
+            | object_store::Error::Precondition { .. } => StoreError::Exists {
+                key: self.shown(&key),
+            },
+            e => StoreError::from_storage(format!("writing {}", self.shown(&key)), e),
+        })?;
         let mut digest = FileDigest::default();
         digest.update(sealed);
         Ok(PkiObject {
@@ -612,6 +699,17 @@ impl SnapshotStore {
     /// restored.
     pub async fn list(&self) -> Result<Vec<Manifest>, StoreError> {
         let objects = self.objects().await?;
+        let prefix = self.shown_prefix();
+        self.within(
+            self.deadline,
+            || format!("reading the manifests under {prefix}"),
+            self.manifests(objects),
+        )
+        .await
+    }
+
+    /// The manifests of the complete snapshots among `objects`.
+    async fn manifests(&self, objects: Vec<Listed>) -> Result<Vec<Manifest>, StoreError> {
         let complete = manifest::complete(&objects);
         if complete.len() > MAX_LISTED_SNAPSHOTS {
             return Err(StoreError::TooManySnapshots {
@@ -641,6 +739,15 @@ impl SnapshotStore {
     /// deletion cut short leaves an unlisted data object, never a listed
     /// snapshot without its data. Objects already gone are not an error.
     pub async fn delete(&self, manifest: &Manifest) -> Result<(), StoreError> {
+        self.within(
+            self.deadline,
+            || format!("deleting snapshot {}", manifest.name),
+            self.delete_objects(manifest),
+        )
+        .await
+    }
+
+    async fn delete_objects(&self, manifest: &Manifest) -> Result<(), StoreError> {
         let pki = manifest.pki.iter().map(|p| p.object.clone());
         for object in [manifest.manifest_object(), manifest.object.clone()]
             .into_iter()
@@ -664,6 +771,16 @@ impl SnapshotStore {
     /// [`MAX_LISTED_OBJECTS`] of them: the listing is read page by page and
     /// stops there.
     async fn objects(&self) -> Result<Vec<Listed>, StoreError> {
+        let where_ = self.shown_prefix();
+        self.within(
+            self.deadline,
+            || format!("listing {where_}"),
+            self.list_objects(),
+        )
+        .await
+    }
+
+    async fn list_objects(&self) -> Result<Vec<Listed>, StoreError> {
         let where_ = self.shown_prefix();
         let depth = self.prefix.as_ref().map_or(0, |p| p.parts().count());
         let mut listing = self.store.list(self.prefix.as_ref());
@@ -703,7 +820,17 @@ impl SnapshotStore {
     /// [`manifest::abandoned`]); returns their names.
     pub async fn remove_abandoned(&self, newest: &str) -> Result<Vec<String>, StoreError> {
         let abandoned = manifest::abandoned(&self.objects().await?, newest);
-        for object in &abandoned {
+        self.within(
+            self.deadline,
+            || "deleting snapshots cut short".to_string(),
+            self.delete_all(&abandoned),
+        )
+        .await?;
+        Ok(abandoned)
+    }
+
+    async fn delete_all(&self, abandoned: &[String]) -> Result<(), StoreError> {
+        for object in abandoned {
             let key = self.key(object);
             match self.store.delete(&key).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -715,7 +842,7 @@ impl SnapshotStore {
                 }
             }
         }
-        Ok(abandoned)
+        Ok(())
     }
 
     /// object_store reports a refused listing as a generic error with the
@@ -726,11 +853,12 @@ impl SnapshotStore {
         if !matches!(error, StoreError::Storage { .. }) {
             return error;
         }
-        match self.store.head(&self.key(".access-check")).await {
-            Err(
+        let key = self.key(".access-check");
+        match self.bounded(String::new, self.store.head(&key)).await {
+            Ok(Err(
                 source @ (object_store::Error::PermissionDenied { .. }
                 | object_store::Error::Unauthenticated { .. }),
-            ) => StoreError::Denied { what, source },
+            )) => StoreError::Denied { what, source },
             _ => error,
         }
     }
@@ -739,6 +867,20 @@ impl SnapshotStore {
     /// `limit` bytes (the size the storage announces is not trusted): a
     /// tenant's object costs the operator at most `limit` of memory.
     async fn read_bounded(
+        &self,
+        key: &Path,
+        what: &'static str,
+        limit: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        self.within(
+            self.deadline,
+            || format!("reading {}", self.shown(key)),
+            self.read_capped(key, what, limit),
+        )
+        .await
+    }
+
+    async fn read_capped(
         &self,
         key: &Path,
         what: &'static str,
@@ -820,6 +962,20 @@ impl SnapshotStore {
     /// Reads the object `key` of `manifest`, into `partial` when given, and
     /// checks its size, sha256 and the database's own trailing sha256.
     async fn fetch(
+        &self,
+        manifest: &Manifest,
+        key: &Path,
+        partial: Option<&FsPath>,
+    ) -> Result<(), StoreError> {
+        self.within(
+            self.data_deadline(manifest.size),
+            || format!("reading {}", self.shown(key)),
+            self.fetch_data(manifest, key, partial),
+        )
+        .await
+    }
+
+    async fn fetch_data(
         &self,
         manifest: &Manifest,
         key: &Path,
@@ -916,6 +1072,58 @@ mod tests {
         root.prefix = String::new();
         let store = SnapshotStore::new(&root).unwrap();
         assert_eq!(store.key("x.db").as_ref(), "x.db");
+    }
+
+    /// A storage that answers every request at once, then sends its body
+    /// one byte every 100 ms: never idle long enough for the transport's
+    /// idle bound, never done.
+    async fn trickling_storage() -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = [0u8; 8192];
+                    let _ = socket.read(&mut request).await;
+                    let head = "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nETag: \"e\"\r\n\
+                        Last-Modified: Wed, 21 Oct 2015 07:28:00 GMT\r\n\r\n";
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if socket.write_all(b" ").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_storage_that_answers_too_slowly_is_given_up_at_the_deadline() {
+        let mut slow = config(&trickling_storage().await);
+        slow.allow_http = true;
+        slow.max_retries = 0;
+        slow.deadline = Duration::from_secs(1);
+        let store = SnapshotStore::new(&slow).unwrap();
+        let started = std::time::Instant::now();
+        let e = store.manifest("20261127T120500Z-r1").await.unwrap_err();
+        assert!(matches!(e, StoreError::Deadline { .. }), "a manifest: {e}");
+        assert_eq!(e.category(), "backup-unreachable");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let started = std::time::Instant::now();
+        let e = store.list().await.unwrap_err();
+        assert!(matches!(e, StoreError::Deadline { .. }), "a listing: {e}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        // Data may take as long as its size at the slowest rate allowed.
+        assert_eq!(
+            store.data_deadline(10 * 1024 * 1024),
+            Duration::from_secs(1 + 10)
+        );
     }
 
     #[test]
