@@ -16,6 +16,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod shutdown;
+pub mod slots;
 pub mod telemetry;
 pub mod template;
 pub mod watch;

@@ -9,6 +9,11 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 
 use crate::bounded::Limits;
 
+/// Snapshot attempts of one namespace at once: half of what the backup
+/// controller runs at once, so that one tenant's Clusters (asking again and
+/// again, or on slow storage) always leave room for the others'.
+pub const BACKUPS_PER_NAMESPACE: usize = 2;
+
 /// First retry of a failed add-on step; it doubles up to [`ADDON_RETRY_MAX`].
 /// Short, because the first attempts often meet a business API that has just
 /// started (replicas Ready before every one is reachable) and answers

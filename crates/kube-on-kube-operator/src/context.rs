@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use kok_common::backoff::{Backoff, Poll};
+use kok_common::slots::KeySlots;
 use kok_common::watch::OwnWrites;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
@@ -22,7 +23,7 @@ use serde::de::DeserializeOwned;
 use crate::Error;
 use crate::addon_retry::{self, AddonWaits};
 use crate::applied::{Applied, Version, desired_hash};
-use crate::config::{ADDON_RETRY_MAX, Config};
+use crate::config::{ADDON_RETRY_MAX, BACKUPS_PER_NAMESPACE, Config};
 use crate::names::Names;
 use crate::render::config_hash;
 use crate::versions::Resolved;
@@ -54,6 +55,9 @@ pub struct Context {
     /// Clusters that wait only for their add-on step's next attempt, which
     /// then needs no full pass (see [`crate::addon_retry`]).
     pub addon_waits: AddonWaits,
+    /// Snapshot attempts under way, per namespace (see
+    /// [`BACKUPS_PER_NAMESPACE`]).
+    pub backup_slots: KeySlots,
 }
 
 impl Context {
@@ -68,6 +72,7 @@ impl Context {
             polls: Poll::new(POLL_FIRST, POLL_MAX),
             applied: Applied::default(),
             addon_waits: AddonWaits::default(),
+            backup_slots: KeySlots::new(BACKUPS_PER_NAMESPACE),
         }
     }
 }

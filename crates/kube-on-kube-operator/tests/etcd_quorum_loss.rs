@@ -49,6 +49,7 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
         &[
             format!("--backup-endpoints={}", s3.endpoint()),
             "--operator-image=kube-on-kube-operator".into(),
+            "--backup-min-interval=1s".into(),
         ],
     )
     .await;
@@ -124,6 +125,7 @@ async fn a_cluster_that_lost_its_etcd_quorum_is_rebuilt_from_its_latest_snapshot
     let operator_args = [
         format!("--backup-endpoints={}", s3.endpoint()),
         "--operator-image=kube-on-kube-operator".into(),
+        "--backup-min-interval=1s".into(),
     ];
     let prefix = format!("{ns}/{name}");
     let snapshots = store(&s3, &prefix);

@@ -60,6 +60,9 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1800);
 const AT_ONCE: u16 = 4;
 /// etcd requests other than the snapshot stream.
 const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How soon a Cluster whose namespace holds all its snapshot slots is
+/// looked at again.
+const SLOT_WAIT: Duration = Duration::from_secs(2);
 
 /// When snapshots are due.
 #[derive(Debug, Clone)]
@@ -311,6 +314,36 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         });
     let due = scheduled.map(|at| retry_at.map_or(at, |retry| at.max(retry)));
     let is_due = due.is_some_and(|at| at <= now);
+    // A request is answered no sooner than the operator's minimum interval
+    // after the last attempt: asking again and again costs the storage and
+    // etcd no more than the shortest schedule would.
+    let answer_at = asked.as_ref().map(|_| {
+        state
+            .last_attempt
+            .as_ref()
+            .and_then(|t| {
+                let min = SignedDuration::try_from(ctx.config.policy.backup_min_interval).ok()?;
+                t.0.checked_add(min).ok()
+            })
+            .map_or(now, |at| at.max(now))
+    });
+    if let Some(at) = answer_at.filter(|at| *at > now)
+        && !is_due
+    {
+        publish(
+            &ctx,
+            &cluster,
+            EventType::Normal,
+            "RequestDeferred",
+            "Backup",
+            format!(
+                "the snapshot asked for is taken at {at}: the operator takes at most one per {:?} (--backup-min-interval)",
+                ctx.config.policy.backup_min_interval
+            ),
+        )
+        .await;
+        return Ok(wait_until(Some(at), now));
+    }
     if !is_due && asked.is_none() {
         let mut conditions = conditions;
         let first = conditions.is_empty();
@@ -360,6 +393,10 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::requeue(WAIT_FOR_ETCD));
     }
 
+    // At most a share of the attempts at once are one namespace's.
+    let Some(_slot) = ctx.backup_slots.try_take(&names.namespace) else {
+        return Ok(Action::requeue(SLOT_WAIT));
+    };
     let started = std::time::Instant::now();
     state.last_attempt = Some(Time(now));
     let answers = Answers {
