@@ -793,6 +793,9 @@ pub struct AuthorityFingerprints {
     /// The service-account signing key (`<cluster>-sa`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+    /// The key Secrets are encrypted at rest with (`<cluster>-encryption`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<String>,
 }
 
 /// Longest Cluster name: the longest name derived from it,

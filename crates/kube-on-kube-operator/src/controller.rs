@@ -169,6 +169,7 @@ async fn record_authorities(
         etcd: pick(&used.etcd, &recorded.etcd),
         front_proxy: pick(&used.front_proxy, &recorded.front_proxy),
         service_account: pick(&used.service_account, &recorded.service_account),
+        encryption: pick(&used.encryption, &recorded.encryption),
     };
     if record != *recorded {
         let status = serde_json::json!({ "certificateAuthorities": record });

@@ -75,6 +75,11 @@ impl Names {
     pub fn service_account_secret(&self) -> String {
         self.prefixed("sa")
     }
+    /// Secret of the key kube-apiserver encrypts Secrets at rest with, and
+    /// its encryption configuration.
+    pub fn encryption_secret(&self) -> String {
+        self.prefixed("encryption")
+    }
     /// Secret (type `kubernetes.io/tls`, plus `ca.crt`) of the leaf certificate
     /// `cert`, for example `apiserver-tls` or `etcd-0-peer`.
     pub fn cert_secret(&self, cert: &str) -> String {
@@ -221,6 +226,7 @@ mod tests {
             n.etcd_ca_secret(),
             n.front_proxy_ca_secret(),
             n.service_account_secret(),
+            n.encryption_secret(),
         ] {
             out.push(("Secret", secret));
         }

@@ -256,6 +256,14 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
                 .expect("data");
             assert_eq!(bundle.secrets[role], live, "{role}");
         }
+        // With the key its Secrets are encrypted at rest with.
+        let live = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get(&format!("{name}-encryption"))
+            .await
+            .expect("encryption secret")
+            .data
+            .expect("data");
+        assert_eq!(bundle.secrets.get("encryption"), Some(&live));
         // And it names the data it was stored with.
         assert_eq!(
             bundle.data,
@@ -414,12 +422,38 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     maps.create(&PostParams::default(), &marker)
         .await
         .expect("marker");
+    // And a Secret, which etcd (and so the snapshot) holds only encrypted.
+    let secret_value = "kok-marker-0f3c9a7e5d1b";
+    let business_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "marker"},
+        "stringData": {"value": secret_value},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(business.clone(), "default")
+        .create(&PostParams::default(), &business_secret)
+        .await
+        .expect("marker secret");
     let c = ask(&clusters, name, "for-restore").await;
     assert_eq!(condition(&c, "BackupReady").as_deref(), Some("True"));
     let source = backup_status(&c)["lastSnapshot"]["name"]
         .as_str()
         .expect("snapshot")
         .to_string();
+    let stored_db = std::fs::read(s3.object_path(s3.bucket(), &format!("{prefix}/{source}.db")))
+        .expect("the stored snapshot");
+    let has = |needle: &[u8]| stored_db.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        has(b"/registry/secrets/default/marker"),
+        "the Secret is in the snapshot"
+    );
+    assert!(
+        has(b"k8s:enc:secretbox:v1:key1:"),
+        "Secrets are stored encrypted"
+    );
+    assert!(
+        !has(secret_value.as_bytes()),
+        "the Secret's value is not in the snapshot in clear"
+    );
     let ns2 = env.namespace("restore").await;
     grant_operator(&client, &ns2).await;
     start_operator_pod_with(
@@ -477,7 +511,7 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     assert_same_identity(&client, (&ns, name), (&ns2, "rs")).await;
     // Same data: every object written before the snapshot.
     let business2 = business_client(&client, &ns2, "rs").await;
-    let maps2: Api<ConfigMap> = Api::namespaced(business2, "default");
+    let maps2: Api<ConfigMap> = Api::namespaced(business2.clone(), "default");
     let listed: BTreeSet<String> = maps2
         .list(&Default::default())
         .await
@@ -493,6 +527,16 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         );
     }
     assert!(listed.contains("before-restore"), "{listed:?}");
+    // The Secret reads back: the restored Cluster has the key it was
+    // encrypted with.
+    let restored_secret = Api::<Secret>::namespaced(business2, "default")
+        .get("marker")
+        .await
+        .expect("the marker Secret restored");
+    assert_eq!(
+        restored_secret.data.expect("data")["value"].0,
+        secret_value.as_bytes()
+    );
     // A kubeconfig issued by the first Cluster works against the second.
     let rs_apiserver = ready_pods(&client, &ns2, "rs", "apiserver")
         .await

@@ -1,9 +1,10 @@
 //! The Cluster's identity, kept with each snapshot: its certificate
-//! authorities (cluster, etcd, front-proxy) and service-account key pair, as
-//! their Secrets hold them, sealed with AES-256-GCM under a key the user
-//! gives (a Secret), so that a Cluster restored from the snapshot keeps the
-//! CA its kubelets and kubeconfigs trust and the key its tokens were signed
-//! with, and storage that leaks does not leak the keys.
+//! authorities (cluster, etcd, front-proxy), service-account key pair and
+//! the key its Secrets are encrypted at rest with, as their Secrets hold
+//! them, sealed with AES-256-GCM under a key the user gives (a Secret), so
+//! that a Cluster restored from the snapshot keeps the CA its kubelets and
+//! kubeconfigs trust, the key its tokens were signed with and the key that
+//! opens its Secrets, and storage that leaks does not leak the keys.
 //!
 //! Sealed form: `KOKPKI1\n`, a 12-byte random nonce, then the ciphertext of
 //! the JSON bundle with its 16-byte tag. The snapshot's name is the
@@ -36,6 +37,20 @@ pub const KEY_FIELD: &str = "key";
 /// The Secrets of a Cluster's identity, by the suffix of their name
 /// (`<cluster>-<suffix>`).
 pub const ROLES: [&str; 4] = ["ca", "etcd-ca", "front-proxy-ca", "sa"];
+/// Secrets of the identity kept when the Cluster has them: the key its
+/// Secrets are encrypted at rest with (Clusters made before it, and
+/// snapshots taken of them, have none).
+pub const OPTIONAL_ROLES: [&str; 1] = ["encryption"];
+
+/// The roles of a bundle that are there: every one of [`ROLES`] and those
+/// of [`OPTIONAL_ROLES`] it holds.
+pub fn roles_of(bundle: &Bundle) -> impl Iterator<Item = &'static str> + '_ {
+    ROLES.into_iter().chain(
+        OPTIONAL_ROLES
+            .into_iter()
+            .filter(|r| bundle.secrets.contains_key(*r)),
+    )
+}
 
 /// Why a bundle could not be sealed or opened.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -343,6 +358,21 @@ mod tests {
         // A bundle of the first format names no data: it vouches for none.
         let old = open(&seal(&bundle(), &key(1), "s"), &key(1), "s").unwrap();
         assert_eq!(check_data(&old, "s", &data), Ok(false));
+    }
+
+    #[test]
+    fn the_encryption_key_is_kept_when_the_cluster_has_one() {
+        let mut secrets = bundle().secrets;
+        let plain: Vec<&str> = roles_of(&bundle()).collect();
+        assert_eq!(plain, ROLES);
+        secrets.insert(
+            "encryption".into(),
+            [("key".to_string(), ByteString(b"k".to_vec()))].into(),
+        );
+        let with_key = Bundle::new(secrets).unwrap();
+        let opened = open(&seal(&with_key, &key(1), "s"), &key(1), "s").unwrap();
+        assert_eq!(opened, with_key);
+        assert!(roles_of(&opened).any(|r| r == "encryption"));
     }
 
     #[test]

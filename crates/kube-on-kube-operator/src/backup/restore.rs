@@ -45,10 +45,10 @@ pub const MANAGER: &str = "kube-on-kube-operator-restore";
 /// The Secret type the PKI step gives each identity Secret.
 fn secret_type(role: &str) -> &'static str {
     use crate::pki::authorities::Which;
-    crate::pki::secrets::authority_secret_type(if role == "sa" {
-        Which::ServiceAccount
-    } else {
-        Which::Cluster
+    crate::pki::secrets::authority_secret_type(match role {
+        "sa" => Which::ServiceAccount,
+        "encryption" => Which::Encryption,
+        _ => Which::Cluster,
     })
 }
 
@@ -334,7 +334,7 @@ async fn identity(
     }
     let bundle = open_identity(ctx, cluster, &store, &key, &manifest).await?;
     verify(&store, &manifest).await?;
-    for role in pki::ROLES {
+    for role in pki::roles_of(&bundle) {
         let name = names.cert_secret(role);
         let data = bundle.secrets[role].clone();
         match secrets.get_opt(&name).await {

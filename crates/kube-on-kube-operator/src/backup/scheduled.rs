@@ -634,7 +634,7 @@ async fn identity(
 ) -> Result<(pki::Bundle, pki::Key), Failure> {
     let key = read_key(secrets, &spec.encryption_key_secret).await?;
     let mut roles = BTreeMap::new();
-    for role in pki::ROLES {
+    for role in pki::ROLES.into_iter().chain(pki::OPTIONAL_ROLES) {
         let secret_name = names.cert_secret(role);
         let secret = secrets.get_opt(&secret_name).await.map_err(|e| {
             Failure::new("BackupFailed", format!("reading Secret {secret_name}: {e}"))

@@ -14,6 +14,8 @@ pub enum Which {
     Etcd,
     FrontProxy,
     ServiceAccount,
+    /// The key kube-apiserver encrypts Secrets at rest with.
+    Encryption,
 }
 
 impl Which {
@@ -24,6 +26,7 @@ impl Which {
             Which::Etcd => "etcd CA",
             Which::FrontProxy => "front-proxy CA",
             Which::ServiceAccount => "service-account key",
+            Which::Encryption => "Secret encryption key",
         }
     }
 
@@ -34,6 +37,7 @@ impl Which {
             Which::Etcd => record.etcd.as_deref(),
             Which::FrontProxy => record.front_proxy.as_deref(),
             Which::ServiceAccount => record.service_account.as_deref(),
+            Which::Encryption => record.encryption.as_deref(),
         }
     }
 
@@ -44,6 +48,7 @@ impl Which {
             Which::Etcd => &mut record.etcd,
             Which::FrontProxy => &mut record.front_proxy,
             Which::ServiceAccount => &mut record.service_account,
+            Which::Encryption => &mut record.encryption,
         };
         *slot = Some(fingerprint);
     }
@@ -57,6 +62,9 @@ impl Which {
             Which::Etcd => "every etcd certificate is issued again and the members restart",
             Which::FrontProxy => "the aggregation layer's certificates are issued again",
             Which::ServiceAccount => "every service-account token of the cluster stops working",
+            Which::Encryption => {
+                "every Secret stored in the business cluster can no longer be read"
+            }
         }
     }
 }
@@ -144,6 +152,7 @@ pub fn decide(
         (Some(r), Stored::Missing) => (
             match which {
                 Which::ServiceAccount => "ServiceAccountKeyMissing",
+                Which::Encryption => "EncryptionKeyMissing",
                 _ => "CertificateAuthorityMissing",
             },
             format!(
@@ -154,6 +163,7 @@ pub fn decide(
         (Some(r), Stored::Found(f)) => (
             match which {
                 Which::ServiceAccount => "ServiceAccountKeyChanged",
+                Which::Encryption => "EncryptionKeyChanged",
                 _ => "CertificateAuthorityChanged",
             },
             format!(
@@ -181,6 +191,7 @@ pub fn decide(
 fn unreadable(which: Which) -> &'static str {
     match which {
         Which::ServiceAccount => "ServiceAccountKeyUnreadable",
+        Which::Encryption => "EncryptionKeyUnreadable",
         _ => "CertificateAuthorityUnreadable",
     }
 }

@@ -7,6 +7,7 @@
 pub mod authorities;
 pub mod certificates;
 pub mod crypto;
+pub mod encryption;
 pub mod secrets;
 
 pub use crypto::*;

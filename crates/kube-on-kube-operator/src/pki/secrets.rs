@@ -129,10 +129,9 @@ pub fn owned_secret(
 /// The Secret type of an authority's Secret: a TLS pair, or the
 /// service-account key pair, which is no certificate.
 pub fn authority_secret_type(which: Which) -> &'static str {
-    if which == Which::ServiceAccount {
-        "Opaque"
-    } else {
-        "kubernetes.io/tls"
+    match which {
+        Which::ServiceAccount | Which::Encryption => "Opaque",
+        Which::Cluster | Which::Etcd | Which::FrontProxy => "kubernetes.io/tls",
     }
 }
 
@@ -318,6 +317,15 @@ pub fn reconcile(inputs: &Inputs<'_>, plan: &[PlannedCert]) -> Result<Outcome, P
             let fingerprint = pki::public_key_fingerprint(&public)?;
             Ok((private, public, fingerprint))
         },
+        &mut out,
+    )?;
+    authority(
+        inputs,
+        Which::Encryption,
+        &names.encryption_secret(),
+        [pki::encryption::KEY, pki::encryption::CONFIG],
+        pki::encryption::check,
+        pki::encryption::new_key,
         &mut out,
     )?;
     // Only the authorities in use: nothing is issued from a held one.
@@ -712,6 +720,13 @@ mod tests {
         assert_eq!(sa.held[0].reason, "ServiceAccountKeyMissing");
         assert!(sa.changes.is_empty(), "{:?}", changed(&sa));
 
+        // A new encryption key would leave every stored Secret unreadable.
+        let mut no_key = existing.clone();
+        no_key.remove("prod-east-encryption");
+        let key = run_recorded(&c, &no_key, at(60), "https://api:6443", &recorded, &[]);
+        assert_eq!(key.held[0].reason, "EncryptionKeyMissing");
+        assert!(key.changes.is_empty(), "{:?}", changed(&key));
+
         // Restored from a backup: used again, nothing changes.
         let restored = run_recorded(&c, &existing, at(60), "https://api:6443", &recorded, &[]);
         assert!(restored.held.is_empty() && restored.changes.is_empty());
@@ -883,8 +898,10 @@ mod tests {
         let c = cluster();
         let first = run(&c, &BTreeMap::new(), at(0), "https://api:6443");
         assert!(first.changes.iter().all(|ch| ch.reason == "Created"));
-        // 3 CAs, SA key, 5 TLS leaves + 2 etcd member certs, 5 kubeconfigs + 2 users.
-        assert_eq!(first.changes.len(), 3 + 1 + 5 + 2 + 5 + 2);
+        // 3 CAs, SA key, encryption key, 5 TLS leaves + 2 etcd member
+        // certs, 5 kubeconfigs + 2 users.
+        assert_eq!(first.changes.len(), 3 + 1 + 1 + 5 + 2 + 5 + 2);
+        assert!(first.authorities.encryption.is_some());
         let existing = merged(&BTreeMap::new(), &first.changes);
         let second = run(&c, &existing, at(60), "https://api:6443");
         assert!(

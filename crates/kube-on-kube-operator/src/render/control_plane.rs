@@ -349,6 +349,12 @@ pub fn apiserver(
             ("kubelet-certificate-authority", format!("{PKI}/ca.crt")),
             ("profiling", "false".into()),
             ("tls-min-version", TLS_MIN_VERSION.into()),
+            // Secrets encrypted at rest with the Cluster's own key: neither
+            // etcd's data nor a snapshot holds one in clear.
+            (
+                "encryption-provider-config",
+                format!("{PKI}/{}", crate::pki::encryption::CONFIG),
+            ),
         ]
         .into_iter()
         .chain(konnectivity.map(|_| {
@@ -395,6 +401,13 @@ pub fn apiserver(
             projection(
                 names.service_account_secret(),
                 &[("sa.key", "sa.key"), ("sa.pub", "sa.pub")],
+            ),
+            projection(
+                names.encryption_secret(),
+                &[(
+                    crate::pki::encryption::CONFIG,
+                    crate::pki::encryption::CONFIG,
+                )],
             ),
         ],
     );
@@ -1158,6 +1171,7 @@ mod tests {
                 &[
                     "--authentication-config=/etc/kubernetes/authentication/authentication-configuration.yaml",
                     "--kubelet-certificate-authority=/etc/kubernetes/pki/ca.crt",
+                    "--encryption-provider-config=/etc/kubernetes/pki/encryption-config.yaml",
                 ],
                 &d,
             );
@@ -1182,6 +1196,23 @@ mod tests {
                 .and_then(|v| v.config_map.clone())
                 .expect("the authentication volume");
             assert_eq!(volume.name, n.authentication_config());
+            // Secrets encrypted at rest (the flag above): the configuration
+            // from the Cluster's encryption Secret, in the projected pki
+            // volume.
+            let pki = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == "pki")
+                .and_then(|v| v.projected.clone())
+                .expect("the pki volume");
+            assert!(
+                pki.sources.iter().flatten().any(|p| p
+                    .secret
+                    .as_ref()
+                    .is_some_and(|s| s.name == n.encryption_secret())),
+                "{pki:?}"
+            );
         }
         let config = authentication_config(&c, &n).data.expect("data")[AUTHENTICATION_KEY].clone();
         let config: serde_json::Value = serde_norway::from_str(&config).expect("yaml");
