@@ -260,6 +260,22 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .get(BACKUP_REQUEST_ANNOTATION)
         .filter(|value| Some(*value) != state.last_request.as_ref())
         .cloned();
+    // What the status says now: a pass that would write the same skips
+    // the write (a Cluster waiting for etcd is looked at every few seconds).
+    let written = (state.clone(), conditions.clone());
+    let write_changed = async |state: &BackupStatus, conditions: &[Condition]| {
+        if (state, conditions) == (&written.0, written.1.as_slice()) {
+            return Ok(());
+        }
+        kok_common::apply::apply_status(
+            &clusters,
+            MANAGER,
+            &names.cluster,
+            &json!({"backup": state, "conditions": conditions}),
+        )
+        .await
+        .map(|_| ())
+    };
     let write = async |state: &BackupStatus, conditions: &[Condition]| {
         kok_common::apply::apply_status(
             &clusters,
@@ -375,7 +391,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
             "the first snapshot is taken once etcd serves".into(),
         );
         state.next_due = due.map(Time);
-        write(&state, &conditions).await?;
+        write_changed(&state, &conditions).await?;
         return Ok(Action::requeue(WAIT_FOR_ETCD));
     }
 
@@ -389,7 +405,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         let mut conditions = conditions;
         condition(&mut conditions, false, &waiting.reason, waiting.message);
         state.next_due = due.map(Time);
-        write(&state, &conditions).await?;
+        write_changed(&state, &conditions).await?;
         return Ok(Action::requeue(WAIT_FOR_ETCD));
     }
 
