@@ -167,7 +167,15 @@ pub(crate) fn deployment(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    containers: vec![container],
+                    // Restricted, unless the caller made it stricter.
+                    containers: vec![Container {
+                        security_context: container
+                            .security_context
+                            .clone()
+                            .or_else(|| Some(super::restricted())),
+                        ..container
+                    }],
+                    security_context: Some(super::restricted_pod()),
                     volumes: Some(volumes),
                     node_selector: Some(placement.node_selector).filter(|s| !s.is_empty()),
                     tolerations: Some(placement.tolerations).filter(|t| !t.is_empty()),
@@ -559,6 +567,7 @@ fn konnectivity_server(cluster: &Cluster, konnectivity: &Konnectivity) -> Contai
         // No readiness probe: the server's /readyz fails until an agent has
         // connected, and agents only come once the API (this Pod) serves.
         liveness_probe: Some(probe("HTTP", "/healthz", KONNECTIVITY_HEALTH_PORT, 8, 15)),
+        security_context: Some(super::restricted()),
         volume_mounts: Some(vec![
             mount("pki", PKI),
             mount("kubeconfig", KUBECONFIG_DIR),

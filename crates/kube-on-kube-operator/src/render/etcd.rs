@@ -269,9 +269,11 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
             termination_grace_period_seconds: Some(30),
             enable_service_links: Some(false),
             automount_service_account_token: Some(false),
+            security_context: Some(super::restricted_pod()),
             containers: vec![Container {
                 name: "etcd".into(),
                 image: Some(m.image.into()),
+                security_context: Some(super::restricted()),
                 command: Some(vec!["etcd".into()]),
                 args: Some(args),
                 env: Some(vec![EnvVar {

@@ -201,3 +201,57 @@ fn control_plane_golden_files() {
         outputs,
     );
 }
+
+/// Every container of every control-plane Pod the examples render (etcd
+/// members, kube-apiserver with konnectivity-server, controller-manager,
+/// scheduler) runs without privilege escalation or capabilities, under
+/// the runtime's default seccomp profile.
+#[test]
+fn control_plane_containers_run_restricted() {
+    let mut outputs = control_plane(
+        "minimal",
+        &example(include_str!("../../../../examples/cluster-minimal.yaml")),
+        None,
+    );
+    outputs.extend(control_plane(
+        "production",
+        &example(include_str!("../../../../examples/cluster-production.yaml")),
+        None,
+    ));
+    let mut pods = 0;
+    for (file, text) in outputs {
+        for document in text.split("---\n") {
+            let object: serde_json::Value = serde_norway::from_str(document).expect("yaml");
+            let pod = match object["kind"].as_str() {
+                Some("Pod") => &object["spec"],
+                Some("Deployment") => &object["spec"]["template"]["spec"],
+                _ => continue,
+            };
+            pods += 1;
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{file}"
+            );
+            let containers = pod["containers"].as_array().into_iter().flatten();
+            let init = pod["initContainers"].as_array().into_iter().flatten();
+            for c in containers.chain(init) {
+                let security = &c["securityContext"];
+                assert_eq!(
+                    security["allowPrivilegeEscalation"], false,
+                    "{file} {}",
+                    c["name"]
+                );
+                assert_eq!(
+                    security["capabilities"]["drop"],
+                    serde_json::json!(["ALL"]),
+                    "{file}"
+                );
+                assert_eq!(
+                    security["seccompProfile"]["type"], "RuntimeDefault",
+                    "{file}"
+                );
+            }
+        }
+    }
+    assert!(pods >= 3 + 3 + 3, "{pods} Pods and Deployments");
+}
