@@ -124,6 +124,9 @@ pub struct Policy {
     pub backup_endpoints: Vec<String>,
     /// The shortest interval between scheduled snapshots.
     pub backup_min_interval: Duration,
+    /// Whether snapshots may be written under any prefix of a bucket, not
+    /// only under the Cluster's namespace.
+    pub backup_any_prefix: bool,
 }
 
 impl Default for Policy {
@@ -133,6 +136,7 @@ impl Default for Policy {
             host_path_prefixes: Vec::new(),
             backup_endpoints: Vec::new(),
             backup_min_interval: Duration::from_secs(300),
+            backup_any_prefix: false,
         }
     }
 }

@@ -70,6 +70,16 @@ pub struct PolicyArgs {
     /// (as `5m`); a shorter one is taken as this.
     #[arg(long, env = "KOK_BACKUP_MIN_INTERVAL", default_value = "5m", value_parser = kok_common::duration::parse)]
     pub backup_min_interval: std::time::Duration,
+    /// Let Clusters write snapshots under any prefix of a bucket
+    /// (`spec.etcd.backup.s3.prefix`). Default: only under their own
+    /// namespace's `<namespace>/` (the default prefix is
+    /// `<namespace>/<cluster>`), so that a tenant given credentials to a
+    /// shared bucket cannot write, or have retention delete, under another
+    /// tenant's prefix. A Cluster naming another prefix gets
+    /// `BackupReady=False` (reason `PrefixNotAllowed`). Restores read from
+    /// any prefix their credentials reach.
+    #[arg(long, env = "KOK_BACKUP_ANY_PREFIX")]
+    pub backup_any_prefix: bool,
 }
 
 impl PolicyArgs {
@@ -80,6 +90,7 @@ impl PolicyArgs {
             host_path_prefixes: self.etcd_host_path_prefixes.clone(),
             backup_endpoints: self.backup_endpoints.clone(),
             backup_min_interval: self.backup_min_interval,
+            backup_any_prefix: self.backup_any_prefix,
         }
     }
 }
@@ -103,6 +114,21 @@ fn backup_endpoint(text: &str) -> Result<String, String> {
             "{text:?} is not an endpoint such as https://s3.example.com or https://10.0.0.5:9000"
         ))
     }
+}
+
+/// Why a Cluster of namespace `namespace` may not write snapshots under
+/// `prefix`: it is outside `<namespace>/` and `--backup-any-prefix` is off.
+pub fn backup_prefix_refused(policy: &Policy, namespace: &str, prefix: &str) -> Option<String> {
+    let prefix = prefix.trim_matches('/');
+    let inside = prefix
+        .strip_prefix(namespace)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+    let escapes = prefix.split('/').any(|s| s == "." || s == "..");
+    (!policy.backup_any_prefix && (!inside || escapes)).then(|| {
+        format!(
+            "prefix {prefix:?} is outside this namespace's {namespace:?}: snapshots go under {namespace}/ (the default is {namespace}/<cluster>), unless the meta-cluster's admin sets --backup-any-prefix"
+        )
+    })
 }
 
 /// Whether the operator's `--backup-endpoints` lists `endpoint` (compared
@@ -462,6 +488,29 @@ mod tests {
         check(cluster, config, &Resolved::of(cluster, config))
     }
     use serde_json::json;
+
+    #[test]
+    fn snapshots_are_written_under_the_clusters_namespace_unless_the_admin_allows_any_prefix() {
+        let policy = Policy::default();
+        for ok in ["team-a", "team-a/prod", "/team-a/prod/", "team-a/x/y"] {
+            assert_eq!(backup_prefix_refused(&policy, "team-a", ok), None, "{ok}");
+        }
+        for refused in [
+            "team-b/prod",
+            "team-ab/prod",
+            "",
+            "team-a/../team-b",
+            "shared",
+        ] {
+            let why = backup_prefix_refused(&policy, "team-a", refused).expect(refused);
+            assert!(why.contains("--backup-any-prefix"), "{why}");
+        }
+        let any = Policy {
+            backup_any_prefix: true,
+            ..Policy::default()
+        };
+        assert_eq!(backup_prefix_refused(&any, "team-a", "team-b/prod"), None);
+    }
 
     fn config(images: &[&str], host_paths: &[&str]) -> Config {
         Config {

@@ -731,7 +731,19 @@ async fn attempt(
     spec: &EtcdBackup,
     answers: &Answers<'_>,
 ) -> Result<Taken, Failure> {
-    let store = open_store(ctx, names, backup_storage(names, spec), "etcd.backup").await?;
+    // Written only under the Cluster's own namespace in shared storage
+    // (a claim is the namespace's own).
+    let storage = backup_storage(names, spec);
+    if let Some(prefix) = storage
+        .as_ref()
+        .filter(|s| s.claim.is_none())
+        .and_then(|s| s.s3.prefix.as_deref())
+        && let Some(why) =
+            crate::policy::backup_prefix_refused(&ctx.config.policy, &names.namespace, prefix)
+    {
+        return Err(Failure::new("PrefixNotAllowed", why));
+    }
+    let store = open_store(ctx, names, storage, "etcd.backup").await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let client_secret = names.cert_secret("operator-etcd-client");
     let secret = secrets
