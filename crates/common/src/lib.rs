@@ -14,6 +14,7 @@ pub mod health;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod network;
 pub mod operator;
 pub mod shutdown;
 pub mod slots;

@@ -56,6 +56,9 @@ pub struct Config {
     /// CPU and memory of each snapshot gateway
     /// (`--snapshot-gateway-resources`).
     pub snapshot_gateway_resources: ResourceRequirements,
+    /// The meta-cluster's own networks, which no Machine may be in
+    /// (`--meta-cluster-networks`).
+    pub meta_networks: Vec<kok_common::network::Network>,
     /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
     /// its own namespace's.
     pub addon_template_namespace: Option<String>,
@@ -102,6 +105,7 @@ impl Default for Config {
                 crate::resources::SNAPSHOT_GATEWAY_DEFAULT,
             )
             .expect("the default parses"),
+            meta_networks: Vec::new(),
             addon_template_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
             etcd_failed_after: ETCD_FAILED_AFTER,

@@ -85,6 +85,13 @@ struct Args {
     /// --node-operator-resources.
     #[arg(long, env = "KOK_SNAPSHOT_GATEWAY_RESOURCES", default_value = kube_on_kube_operator::resources::SNAPSHOT_GATEWAY_DEFAULT, value_parser = kube_on_kube_operator::resources::parse)]
     snapshot_gateway_resources: k8s_openapi::api::core::v1::ResourceRequirements,
+    /// The meta-cluster's own networks (its Pod and Service ranges, and any
+    /// other it must keep to itself), comma-separated CIDRs. Each Cluster's
+    /// node-operator refuses a Machine whose `spec.ip` is in one of them
+    /// (`--refused-machine-networks`), so a tenant cannot point its SSH
+    /// client at the services of the meta-cluster beside it.
+    #[arg(long, env = "KOK_META_CLUSTER_NETWORKS", value_delimiter = ',')]
+    meta_cluster_networks: Vec<kok_common::network::Network>,
     #[command(flatten)]
     policy: kube_on_kube_operator::policy::PolicyArgs,
     #[command(flatten)]
@@ -183,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
         snapshot_gateway_image: args.snapshot_gateway_image,
         node_operator_resources: args.node_operator_resources,
         snapshot_gateway_resources: args.snapshot_gateway_resources,
+        meta_networks: args.meta_cluster_networks,
         addon_template_namespace: args.addon_template_namespace,
         addon_retry: args.addon_retry,
         etcd_failed_after: args.etcd_failed_after,

@@ -61,6 +61,8 @@ pub struct Settings {
     pub limits: crate::install::Limits,
     /// Namespaces a Machine's `privateKeySecretRef` may name.
     pub ssh_key_namespaces: Vec<String>,
+    /// Networks no Machine's address may be in (`--refused-machine-networks`).
+    pub refused_networks: Vec<kok_common::network::Network>,
 }
 
 impl Default for Settings {
@@ -77,6 +79,7 @@ impl Default for Settings {
             cluster_domain: "cluster.local".into(),
             limits: crate::install::Limits::default(),
             ssh_key_namespaces: vec![DEFAULT_SSH_KEY_NAMESPACE.into()],
+            refused_networks: Vec::new(),
         }
     }
 }

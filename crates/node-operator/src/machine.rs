@@ -278,7 +278,13 @@ async fn converge(
         None
     };
 
-    let target = ssh_target(&ctx.client, &ctx.settings.ssh_key_namespaces, machine).await?;
+    let target = ssh_target(
+        &ctx.client,
+        &ctx.settings.ssh_key_namespaces,
+        &ctx.settings.refused_networks,
+        machine,
+    )
+    .await?;
     let _slot = ctx.ssh_slot().await?;
     let session = match ctx
         .sessions

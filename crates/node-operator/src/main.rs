@@ -100,6 +100,13 @@ struct Args {
     /// SecretMissing) with the same message as for a missing Secret.
     #[arg(long, env = "KOK_SSH_KEY_NAMESPACES", value_delimiter = ',', default_value = DEFAULT_SSH_KEY_NAMESPACE)]
     ssh_key_namespaces: Vec<String>,
+    /// Networks no Machine's `spec.ip` may be in, comma-separated CIDRs:
+    /// those of the network the operator itself runs in (a meta-cluster's
+    /// Pod and Service ranges), so that a Machine cannot point the
+    /// operator's SSH client at the services beside it. Such a Machine is
+    /// refused (InvalidSpec) before any connection.
+    #[arg(long, env = "KOK_REFUSED_MACHINE_NETWORKS", value_delimiter = ',')]
+    refused_machine_networks: Vec<kok_common::network::Network>,
     /// Least time between two remediations of one Machine.
     #[arg(long, env = "KOK_REMEDIATION_COOLDOWN", default_value = "10m", value_parser = parse_duration)]
     remediation_cooldown: Duration,
@@ -134,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
             unpacked_bytes: args.max_unpacked_size,
         },
         ssh_key_namespaces: args.ssh_key_namespaces,
+        refused_networks: args.refused_machine_networks,
     };
     let remediations = Remediations::new(
         args.remediations,

@@ -726,7 +726,7 @@ pub async fn reconcile(ctx: &Context, inputs: &Inputs<'_>) -> Report {
             cluster,
             names,
             values,
-            &ctx.config.node_operator_resources,
+            &ctx.config,
             &node_operator_hash(inputs, image),
         );
         let written = match crate::ownership::guard(&deployments, &desired, None).await {

@@ -9,7 +9,7 @@
 pub mod template;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, ResourceRequirements};
+use k8s_openapi::api::core::v1::{ConfigMap, Container};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube_on_kube_api::cluster::Cluster;
@@ -612,7 +612,11 @@ pub fn node_operator_image(values: &Map<String, Value>) -> &str {
 /// and domain it renders into every kubelet configuration, from the
 /// Cluster's network (the node-operator's defaults only fit the default
 /// Service CIDR).
-fn node_operator_args(cluster: &Cluster, values: &Map<String, Value>) -> Vec<String> {
+fn node_operator_args(
+    cluster: &Cluster,
+    values: &Map<String, Value>,
+    refused: &[kok_common::network::Network],
+) -> Vec<String> {
     let network = &cluster.spec.network;
     let mut args = vec![
         format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
@@ -627,6 +631,11 @@ fn node_operator_args(cluster: &Cluster, values: &Map<String, Value>) -> Vec<Str
     // Refused before anything is applied (`render`), so never wrong here.
     if let Ok(Some(wait)) = node_wait(values) {
         args.push(format!("--node-wait={wait}"));
+    }
+    // The meta-cluster's own networks: no Machine may be in them.
+    if !refused.is_empty() {
+        let networks: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        args.push(format!("--refused-machine-networks={}", networks.join(",")));
     }
     args
 }
@@ -660,20 +669,21 @@ fn node_wait(values: &Map<String, Value>) -> Result<Option<String>, String> {
 /// The node-operator's Deployment in the Cluster's namespace of the
 /// meta-cluster, pointed at the business API with its kubeconfig Secret.
 /// `config_hash` covers that Secret, so a renewed certificate restarts it.
-/// `resources` are the operator's (`--node-operator-resources`), not the
-/// tenant's to set.
+/// Its resources (`--node-operator-resources`) and the networks its
+/// Machines may not be in (`--meta-cluster-networks`) are the operator's,
+/// not the tenant's to set.
 pub fn node_operator(
     cluster: &Cluster,
     names: &Names,
     values: &Map<String, Value>,
-    resources: &ResourceRequirements,
+    config: &crate::config::Config,
     config_hash: &str,
 ) -> Deployment {
     let container = Container {
         name: "node-operator".into(),
         image: Some(node_operator_image(values).into()),
-        args: Some(node_operator_args(cluster, values)),
-        resources: Some(resources.clone()),
+        args: Some(node_operator_args(cluster, values, &config.meta_networks)),
+        resources: Some(config.node_operator_resources.clone()),
         volume_mounts: Some(vec![control_plane::mount("kubeconfig", KUBECONFIG_DIR)]),
         ..Default::default()
     };
@@ -1208,7 +1218,17 @@ mod tests {
             "resources": {"limits": {"memory": "64Gi"}}});
         let resources =
             crate::resources::parse(r#"{"limits":{"memory":"300Mi"}}"#).expect("parses");
-        let d = node_operator(&c, &n, values.as_object().expect("object"), &resources, "h");
+        // The meta-cluster's networks reach it as the networks its Machines
+        // may not be in.
+        let config = crate::config::Config {
+            node_operator_resources: resources.clone(),
+            meta_networks: vec![
+                "10.96.0.0/12".parse().expect("cidr"),
+                "10.244.0.0/16".parse().expect("cidr"),
+            ],
+            ..crate::config::Config::default()
+        };
+        let d = node_operator(&c, &n, values.as_object().expect("object"), &config, "h");
         assert_eq!(d.metadata.name.as_deref(), Some("prod-east-node-operator"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("clusters"));
         assert!(d.metadata.owner_references.is_some());
@@ -1226,6 +1246,15 @@ mod tests {
                 .flatten()
                 .any(|a| a == "--log-level=debug")
         );
+        assert!(
+            container
+                .args
+                .iter()
+                .flatten()
+                .any(|a| a == "--refused-machine-networks=10.96.0.0/12,10.244.0.0/16"),
+            "{:?}",
+            container.args
+        );
         let volumes = pod.volumes.expect("volumes");
         let projected = volumes[0].projected.as_ref().expect("projected");
         let secret = projected.sources.as_ref().expect("sources")[0]
@@ -1242,9 +1271,9 @@ mod tests {
     fn node_wait_is_passed_on_or_refused_before_anything_is_applied() {
         let c = production();
         let n = names(&c);
-        let resources = ResourceRequirements::default();
+        let config = crate::config::Config::default();
         let args = |values: Value| {
-            node_operator(&c, &n, values.as_object().expect("object"), &resources, "h")
+            node_operator(&c, &n, values.as_object().expect("object"), &config, "h")
                 .spec
                 .and_then(|s| s.template.spec)
                 .map(|p| p.containers[0].args.clone().unwrap_or_default())
@@ -1338,7 +1367,7 @@ mod tests {
                 &c,
                 &n,
                 &values,
-                &crate::config::Config::default().node_operator_resources,
+                &crate::config::Config::default(),
                 "hash",
             ))
             .expect("yaml"),

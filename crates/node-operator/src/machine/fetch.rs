@@ -12,6 +12,8 @@ use crate::Error;
 use crate::context::Context;
 use crate::rollout;
 use crate::ssh::Target;
+use kok_common::network::Network;
+use std::net::IpAddr;
 
 /// The PackageVersions `machine` should run, in install order.
 pub async fn wanted(
@@ -47,8 +49,10 @@ pub async fn wanted(
 pub async fn ssh_target(
     client: &Client,
     namespaces: &[String],
+    refused: &[Network],
     machine: &Machine,
 ) -> Result<Target, Error> {
+    let ip = address(machine, refused)?;
     let r = &machine.spec.ssh.private_key_secret_ref;
     let unusable = || Error::MissingSecret {
         namespace: r.namespace.clone(),
@@ -82,10 +86,6 @@ pub async fn ssh_target(
         .and_then(|d| d.get(&r.key))
         .and_then(|v| String::from_utf8(v.0.clone()).ok())
         .ok_or_else(unusable)?;
-    let ip = machine.spec.ip.parse().map_err(|_| Error::InvalidSpec {
-        machine: machine.name_any(),
-        detail: format!("spec.ip {:?} is not an IP address", machine.spec.ip),
-    })?;
     Ok(Target {
         ip,
         port: u16::try_from(machine.spec.ssh.port).unwrap_or(22),
@@ -95,9 +95,70 @@ pub async fn ssh_target(
     })
 }
 
+/// The Machine's address, unless it is in one of the `refused` networks
+/// (the operator's own: see `--refused-machine-networks`).
+pub fn address(machine: &Machine, refused: &[Network]) -> Result<IpAddr, Error> {
+    let invalid = |detail: String| Error::InvalidSpec {
+        machine: machine.name_any(),
+        detail,
+    };
+    let ip: IpAddr = machine.spec.ip.parse().map_err(|_| {
+        invalid(format!(
+            "spec.ip {:?} is not an IP address",
+            machine.spec.ip
+        ))
+    })?;
+    match refused.iter().find(|n| n.contains(&ip)) {
+        Some(network) => Err(invalid(format!(
+            "spec.ip {ip} is in {network}, a network of the cluster the node-operator runs in (--refused-machine-networks): a Machine must be a host outside it"
+        ))),
+        None => Ok(ip),
+    }
+}
+
 pub(super) async fn get_node(client: &Client, name: &str) -> Result<Option<Node>, Error> {
     Api::<Node>::all(client.clone())
         .get_opt(name)
         .await
         .map_err(Error::kube(format!("get Node {name}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(ip: &str) -> Machine {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeonkube.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "m"},
+            "spec": {
+                "ip": ip,
+                "ssh": {"privateKeySecretRef": {"name": "k", "namespace": "kube-system"},
+                        "hostPublicKey": "ssh-ed25519 AAAA"},
+            },
+        }))
+        .expect("machine")
+    }
+
+    #[test]
+    fn a_machine_in_the_operators_own_networks_is_refused_before_any_connection() {
+        let refused: Vec<Network> = ["10.96.0.0/12", "10.244.0.0/16", "fd00:10::/64"]
+            .iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        for inside in ["10.96.0.1", "10.244.3.7", "fd00:10::5"] {
+            let e = address(&machine(inside), &refused).unwrap_err();
+            assert!(matches!(e, Error::InvalidSpec { .. }), "{inside}: {e}");
+            assert!(e.to_string().contains("--refused-machine-networks"), "{e}");
+        }
+        for outside in ["192.0.2.10", "10.112.0.1", "2001:db8::1"] {
+            assert_eq!(
+                address(&machine(outside), &refused).unwrap(),
+                outside.parse::<IpAddr>().unwrap()
+            );
+        }
+        // No networks given: only the address's form is checked.
+        assert!(address(&machine("10.96.0.1"), &[]).is_ok());
+        assert!(address(&machine("not-an-ip"), &[]).is_err());
+    }
 }
