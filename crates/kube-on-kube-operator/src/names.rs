@@ -30,6 +30,10 @@ impl Component {
     }
 }
 
+/// The key of the encryption Secret ([`Names::encryption_secret`]) that
+/// holds the configuration kube-apiserver reads, and its file name there.
+pub const ENCRYPTION_CONFIG_KEY: &str = "encryption-config.yaml";
+
 /// Names derived from one Cluster (its name and namespace, and the
 /// meta-cluster's DNS domain).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +80,7 @@ impl Names {
         self.prefixed("sa")
     }
     /// Secret of the key kube-apiserver encrypts Secrets at rest with, and
-    /// its encryption configuration.
+    /// its encryption configuration (under [`ENCRYPTION_CONFIG_KEY`]).
     pub fn encryption_secret(&self) -> String {
         self.prefixed("encryption")
     }

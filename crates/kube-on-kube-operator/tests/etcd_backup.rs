@@ -565,6 +565,9 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
     // A snapshot whose data was swapped for another snapshot's, the
     // manifest's size and sha256 made to match: data and manifest agree,
     // but the sealed identity vouches for other data.
+    // (Retention keeps more now: the source must stay beside the damaged
+    // snapshot and this one.)
+    set_backup(&clusters, name, json!({"retention": {"count": 5}})).await;
     let c = ask(&clusters, name, "to-swap").await;
     let swapped = backup_status(&c)["lastSnapshot"]["name"]
         .as_str()

@@ -102,10 +102,11 @@ async fn production_cluster_gets_its_objects_and_is_collected_on_delete() {
         .await
         .expect("secrets")
         .items;
-    // 3 CAs, SA key, 5 leaves, 6 etcd member certs, 5 kubeconfigs, 2 users.
+    // 3 CAs, SA key, encryption key, 5 leaves, 6 etcd member certs, 5
+    // kubeconfigs, 2 users.
     assert_eq!(
         all_secrets.len(),
-        3 + 1 + 5 + 6 + 5 + 2,
+        3 + 1 + 1 + 5 + 6 + 5 + 2,
         "{:?}",
         all_secrets.iter().map(|s| s.name_any()).collect::<Vec<_>>()
     );

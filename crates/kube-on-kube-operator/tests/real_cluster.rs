@@ -270,11 +270,26 @@ async fn example_becomes_a_working_kubernetes(
                 Some(200),
                 "{component} {ip}"
             );
-            let metrics = anonymous_status(&url("/metrics"), &[]);
-            assert!(
-                matches!(metrics, Some(401 | 403)),
-                "{component} {ip}: anonymous /metrics answered {metrics:?}"
-            );
+            // Refused once the component's delegated authentication and
+            // authorization reach kube-apiserver (a 500 until they do);
+            // never served.
+            let started = std::time::Instant::now();
+            loop {
+                let metrics = anonymous_status(&url("/metrics"), &[]);
+                assert_ne!(
+                    metrics,
+                    Some(200),
+                    "{component} {ip}: anonymous /metrics served"
+                );
+                if matches!(metrics, Some(401 | 403)) {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(30),
+                    "{component} {ip}: anonymous /metrics answered {metrics:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
         }
     }
     let ip = apiservers[0].as_str();

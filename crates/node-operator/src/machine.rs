@@ -278,13 +278,7 @@ async fn converge(
         None
     };
 
-    let target = ssh_target(
-        &ctx.client,
-        &ctx.settings.ssh_key_namespaces,
-        &ctx.settings.refused_networks,
-        machine,
-    )
-    .await?;
+    let target = ssh_target(ctx, machine).await?;
     let _slot = ctx.ssh_slot().await?;
     let session = match ctx
         .sessions

@@ -260,13 +260,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .get(BACKUP_REQUEST_ANNOTATION)
         .filter(|value| Some(*value) != state.last_request.as_ref())
         .cloned();
-    // What the status says now: a pass that would write the same skips
-    // the write (a Cluster waiting for etcd is looked at every few seconds).
-    let written = (state.clone(), conditions.clone());
-    let write_changed = async |state: &BackupStatus, conditions: &[Condition]| {
-        if (state, conditions) == (&written.0, written.1.as_slice()) {
-            return Ok(());
-        }
+    let write = async |state: &BackupStatus, conditions: &[Condition]| {
         kok_common::apply::apply_status(
             &clusters,
             MANAGER,
@@ -276,14 +270,14 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
         .await
         .map(|_| ())
     };
-    let write = async |state: &BackupStatus, conditions: &[Condition]| {
-        kok_common::apply::apply_status(
-            &clusters,
-            MANAGER,
-            &names.cluster,
-            &json!({"backup": state, "conditions": conditions}),
-        )
-        .await
+    // What the status says now: a pass that would write the same skips
+    // the write (a Cluster waiting for etcd is looked at every few seconds).
+    let written = (state.clone(), conditions.clone());
+    let write_changed = async |state: &BackupStatus, conditions: &[Condition]| {
+        if (state, conditions) == (&written.0, written.1.as_slice()) {
+            return Ok(());
+        }
+        write(state, conditions).await
     };
     let generation = cluster.metadata.generation;
     let condition = |conditions: &mut Vec<Condition>, ok: bool, reason: &str, message: String| {

@@ -12,7 +12,7 @@ use super::PkiError;
 /// The Secret's key holding the encryption key: base64 of 32 bytes.
 pub const KEY: &str = "key";
 /// The Secret's key holding the configuration kube-apiserver reads.
-pub const CONFIG: &str = "encryption-config.yaml";
+pub const CONFIG: &str = crate::names::ENCRYPTION_CONFIG_KEY;
 /// The key's name in the configuration (stored with every value it
 /// encrypts: `k8s:enc:secretbox:v1:key1:`).
 const KEY_NAME: &str = "key1";

@@ -361,7 +361,7 @@ pub fn apiserver(
             // etcd's data nor a snapshot holds one in clear.
             (
                 "encryption-provider-config",
-                format!("{PKI}/{}", crate::pki::encryption::CONFIG),
+                format!("{PKI}/{}", crate::names::ENCRYPTION_CONFIG_KEY),
             ),
         ]
         .into_iter()
@@ -413,8 +413,8 @@ pub fn apiserver(
             projection(
                 names.encryption_secret(),
                 &[(
-                    crate::pki::encryption::CONFIG,
-                    crate::pki::encryption::CONFIG,
+                    crate::names::ENCRYPTION_CONFIG_KEY,
+                    crate::names::ENCRYPTION_CONFIG_KEY,
                 )],
             ),
         ],

@@ -42,17 +42,16 @@ pub async fn wanted(
     Ok((ordered, cpv))
 }
 
-/// The SSH login of `machine`, with the private key from its Secret. The
-/// Secret must be in one of `namespaces`; whether it is not, does not exist,
-/// lacks the key or may not be read, the Machine's author is told the same,
-/// so a Machine cannot be used to learn which other Secrets exist.
-pub async fn ssh_target(
-    client: &Client,
-    namespaces: &[String],
-    refused: &[Network],
-    machine: &Machine,
-) -> Result<Target, Error> {
-    let ip = address(machine, refused)?;
+/// The SSH login of `machine`, with the private key from its Secret. Its
+/// address must be outside the operator's refused networks, checked
+/// first. The Secret must be in one of the operator's SSH key namespaces;
+/// whether it is not, does not exist, lacks the key or may not be read, the
+/// Machine's author is told the same, so a Machine cannot be used to learn
+/// which other Secrets exist.
+pub async fn ssh_target(ctx: &Context, machine: &Machine) -> Result<Target, Error> {
+    let ip = address(machine, &ctx.settings.refused_networks)?;
+    let client = &ctx.client;
+    let namespaces = &ctx.settings.ssh_key_namespaces;
     let r = &machine.spec.ssh.private_key_secret_ref;
     let unusable = || Error::MissingSecret {
         namespace: r.namespace.clone(),

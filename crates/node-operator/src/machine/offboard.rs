@@ -205,13 +205,7 @@ async fn clean_host(machine: &Machine, ctx: &Context, st: &MachineStatus) -> Res
         .await;
     }
     let removals = removals(&installed, &specs);
-    let target = ssh_target(
-        &ctx.client,
-        &ctx.settings.ssh_key_namespaces,
-        &ctx.settings.refused_networks,
-        machine,
-    )
-    .await?;
+    let target = ssh_target(ctx, machine).await?;
     let _slot = ctx.ssh_slot().await?;
     let session = ctx
         .sessions
