@@ -22,10 +22,16 @@
 # suite's output, and summary.md (passed, failed with the failure's first
 # line, skipped), and prints the summary.
 #
+# --flake-attempts N runs a failed spec up to N times in all (ginkgo's
+# --flake-attempts); a spec that passes only on a later attempt counts as
+# passed and is listed apart, under "Passed on a retry", with its attempts.
+# The default, 1, is what a conformance result is: one attempt each.
+#
 #   scripts/conformance.sh                              # every [Conformance] spec
 #   scripts/conformance.sh --focus 'sig-network.*Services'  # within those
 #   scripts/conformance.sh --cluster clusters/prod-east --procs 2
 #   scripts/conformance.sh --env /tmp/dev --focus 'sig-node.*Pods'  # a running one
+#   scripts/conformance.sh --flake-attempts 2           # a failed spec once more
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Cargo's target directory is cached outside the repository, as
@@ -39,6 +45,7 @@ procs=4
 out=target/conformance
 serial=yes
 env_dir=''
+attempts=1
 while [ $# -gt 0 ]; do
   case $1 in
     --cluster) cluster=$2; shift 2 ;;
@@ -48,7 +55,8 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --no-serial) serial=no; shift ;;
     --env) env_dir=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --flake-attempts) attempts=$2; shift 2 ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -140,19 +148,21 @@ pattern='\[Conformance\]'
 started=$(date +%s)
 log "parallel pass: --ginkgo.focus='$pattern' --ginkgo.skip='\\[Serial\\]${skip:+|$skip}' with $procs processes"
 mkdir -p "$out/parallel"
-ginkgo --procs="$procs" --timeout=4h -v "$bin/e2e.test" -- "${common[@]}" \
+ginkgo --procs="$procs" --timeout=4h -v --flake-attempts="$attempts" \
+  --json-report=report.json --output-dir="$out/parallel" "$bin/e2e.test" -- "${common[@]}" \
   --report-dir="$out/parallel" --ginkgo.focus="$pattern" \
   --ginkgo.skip="\[Serial\]${skip:+|$skip}" >"$out/parallel.log" 2>&1 || true
 if [ $serial = yes ]; then
   log "serial pass: the [Serial] ones among them"
   mkdir -p "$out/serial"
-  "$bin/e2e.test" "${common[@]}" --report-dir="$out/serial" --ginkgo.v --ginkgo.focus="\[Serial\].*($pattern)" \
+  "$bin/e2e.test" "${common[@]}" --report-dir="$out/serial" --ginkgo.v --ginkgo.flake-attempts="$attempts" \
+    --ginkgo.json-report="$out/serial/report.json" --ginkgo.focus="\[Serial\].*($pattern)" \
     ${skip:+--ginkgo.skip="$skip"} --ginkgo.timeout=4h >"$out/serial.log" 2>&1 || true
 fi
 took=$(( $(date +%s) - started ))
 
 python3 - "$out" "$took" "$commit" "$cluster" <<'PY'
-import glob, os, sys, xml.etree.ElementTree as ET
+import glob, json, os, sys, xml.etree.ElementTree as ET
 out, took, commit, cluster = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 passed, failed, skipped = [], [], []
 for path in sorted(glob.glob(os.path.join(out, "*", "junit_*.xml"))):
@@ -175,6 +185,21 @@ for path in sorted(glob.glob(os.path.join(out, "*", "junit_*.xml"))):
                 skipped.append((name, reason.splitlines()[0]))
         else:
             passed.append(name)
+# Passed only on a later attempt (--flake-attempts): ginkgo's JSON report
+# has each spec's attempts; its JUnit report does not say.
+retried = []
+for path in sorted(glob.glob(os.path.join(out, "*", "report.json"))):
+    try:
+        reports = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"{path}: {e}", file=sys.stderr)
+        continue
+    for report in reports if isinstance(reports, list) else []:
+        for spec in report.get("SpecReports") or []:
+            attempts = spec.get("NumAttempts") or 1
+            if spec.get("State") == "passed" and attempts > 1:
+                texts = (spec.get("ContainerHierarchyTexts") or []) + [spec.get("LeafNodeText") or ""]
+                retried.append((" ".join(t for t in texts if t), attempts))
 lines = [
     f"# Conformance of `{cluster}` at `{commit}`",
     "",
@@ -185,6 +210,9 @@ lines = [
 if failed:
     lines += ["## Failed", "", "| spec | first line of the failure |", "| --- | --- |"]
     lines += [f"| {n} | {m.replace('|', '/')} |" for n, m in failed] + [""]
+if retried:
+    lines += ["## Passed on a retry", "", "| spec | attempts |", "| --- | --- |"]
+    lines += [f"| {n} | {a} |" for n, a in retried] + [""]
 if skipped:
     lines += ["## Skipped", "", "| spec | reason |", "| --- | --- |"]
     lines += [f"| {n} | {m.replace('|', '/')} |" for n, m in skipped] + [""]
@@ -193,5 +221,7 @@ open(os.path.join(out, "summary.md"), "w").write("\n".join(lines))
 print("\n".join(lines[:4]))
 for n, m in failed:
     print(f"FAILED {n}: {m}")
+for n, a in retried:
+    print(f"PASSED ON ATTEMPT {a}: {n}")
 PY
 log "summary: $out/summary.md"
