@@ -1,6 +1,6 @@
 //! A Cluster's etcd members as Pods of a meta-cluster whose Pods run as real
 //! processes, the operator as one of them: what the tests of membership
-//! changes (`etcd_recovery`, `etcd_rolls`) share.
+//! changes (`etcd_recovery`, `etcd_rolls`, `etcd_host_path`) share.
 
 #![allow(dead_code)]
 
