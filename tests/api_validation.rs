@@ -186,6 +186,24 @@ fn cases() -> Vec<Case> {
             "etcd.storage.claimTemplate.selector cannot be set",
         ),
         c(
+            "audit going nowhere",
+            "Cluster",
+            Create(vec![(
+                "spec/apiServer/audit",
+                json!({"policyConfigMap": "p"}),
+            )]),
+            "audit needs a log, a webhook or both",
+        ),
+        c(
+            "audit log rotated past its range",
+            "Cluster",
+            Create(vec![(
+                "spec/apiServer/audit",
+                json!({"log": {"maxSizeMB": 4096}}),
+            )]),
+            "spec.apiServer.audit.log.maxSizeMB",
+        ),
+        c(
             "nodePort without NodePort",
             "Cluster",
             Create(vec![(

@@ -441,6 +441,88 @@ pub struct ApiServerSpec {
     /// control-plane components always use an internal ClusterIP Service.
     #[serde(default)]
     pub external: ExternalAccess,
+    /// Audit logging: which requests are recorded (a policy) and where the
+    /// events go (a log file on a volume in each kube-apiserver Pod, a
+    /// webhook, or both). Without it, nothing is audited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditSpec>,
+    /// Who may authenticate besides client certificates, bootstrap tokens and
+    /// service accounts: JWT (OIDC) issuers, in kube-apiserver's structured
+    /// authentication configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<AuthenticationSpec>,
+}
+
+/// kube-apiserver's audit logging.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.log) || has(self.webhook)").message("audit needs a log, a webhook or both: where its events go")
+)]
+pub struct AuditSpec {
+    /// A ConfigMap in the Cluster's namespace whose key `policy.yaml` holds
+    /// an `audit.k8s.io/v1` Policy. Without it, the default policy: the
+    /// metadata of every request except health checks and the control
+    /// plane's own reads, and no request or response body (Secrets'
+    /// values never reach the log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub policy_config_map: Option<String>,
+    /// A log file in each kube-apiserver Pod (`/var/log/kubernetes/audit`,
+    /// an emptyDir sized for the files kept), rotated by size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<AuditLog>,
+    /// Events sent in batches to a webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<AuditWebhook>,
+}
+
+/// The audit log file's rotation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditLog {
+    /// Size in MiB at which the file is rotated.
+    #[serde(rename = "maxSizeMB", default = "default_audit_max_size")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub max_size_mb: u32,
+    /// Rotated files kept beside the current one.
+    #[serde(default = "default_audit_max_backups")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_backups: u32,
+}
+
+fn default_audit_max_size() -> u32 {
+    100
+}
+
+fn default_audit_max_backups() -> u32 {
+    3
+}
+
+/// The audit webhook backend.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditWebhook {
+    /// A Secret in the Cluster's namespace whose key `kubeconfig` is a
+    /// kubeconfig naming the webhook's server (https) and credentials, each
+    /// given inline (`certificate-authority-data`, `client-certificate-data`,
+    /// `client-key-data` or `token`): file paths and exec plugins are
+    /// refused, as they would be read or run inside the control plane.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub kubeconfig_secret: String,
+}
+
+/// kube-apiserver's structured authentication.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthenticationSpec {
+    /// A ConfigMap in the Cluster's namespace whose key
+    /// `authentication-configuration.yaml` holds an
+    /// `apiserver.config.k8s.io/v1` AuthenticationConfiguration with `jwt`
+    /// issuers (OIDC). Its `anonymous` section is the operator's (only the
+    /// health endpoints and cluster-info) and may not be set.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub config_map: String,
 }
 
 /// The external Service in front of kube-apiserver.

@@ -408,6 +408,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
                 .map(|t| t.0),
             certificates_error: None,
             certificates_held: None,
+            apiserver_files_held: None,
             addons: None,
             version: &version,
             etcd_version: &etcd_version,
@@ -568,14 +569,52 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     .await?;
 
     // kube-apiserver's configuration files, before the Pods that mount
-    // them: its authentication configuration, and with a konnectivity-server
-    // beside it, the egress selector configuration that sends its traffic
-    // to the business cluster there. Each read by its name.
+    // them: its authentication configuration (with the tenant's JWT
+    // issuers), its audit policy and webhook kubeconfig if it audits, and
+    // with a konnectivity-server beside it, the egress selector
+    // configuration that sends its traffic to the business cluster there.
+    // Each read by its name. The tenant's files, missing or refused, hold
+    // theirs as they are (see apiserver_files).
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let configs = std::iter::once(render::control_plane::authentication_config(
-        &cluster, &names,
-    ))
-    .chain(
+    let tenant_files = crate::apiserver_files::read(&ctx, &cluster, &names).await?;
+    let files_held = tenant_files.as_ref().err().cloned();
+    if let Some(held) = &files_held {
+        publish(
+            &ctx,
+            &cluster,
+            EventType::Warning,
+            held.reason,
+            "ConfigureAPIServer",
+            held.message.clone(),
+        )
+        .await;
+    }
+    let files = tenant_files.ok();
+    let files_hash = files.as_ref().and_then(crate::apiserver_files::Files::hash);
+    let tenant_configs = files.iter().flat_map(|f| {
+        std::iter::once(render::control_plane::authentication_config(
+            &cluster, &names, &f.jwt,
+        ))
+        .chain(
+            f.policy
+                .clone()
+                .map(|policy| render::control_plane::audit_policy_config(&cluster, &names, policy)),
+        )
+    });
+    if let Some(kubeconfig) = files.as_ref().and_then(|f| f.webhook.clone()) {
+        let desired = render::control_plane::audit_webhook_secret(&cluster, &names, kubeconfig);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        apply_if_changed(
+            &ctx,
+            &names,
+            &secrets,
+            &desired,
+            &all_secrets,
+            resource_version,
+        )
+        .await?;
+    }
+    let configs = tenant_configs.chain(
         konnectivity
             .is_some()
             .then(|| render::control_plane::egress_selector_config(&cluster, &names)),
@@ -605,6 +644,8 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
             etcd_settled,
             etcd_serving: etcd_report.ready,
             pki_held: certificates_held.is_some(),
+            files_held: files_held.is_some(),
+            files_hash: files_hash.as_deref(),
             advertise: advertise.as_deref(),
             konnectivity: konnectivity.as_ref(),
         },
@@ -673,6 +714,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
         certificates_expire_at: expiry.map(to_jiff),
         certificates_error,
         certificates_held,
+        apiserver_files_held: files_held.as_ref(),
         addons,
         version: &version,
         etcd_version: &etcd_version,

@@ -4,6 +4,7 @@
 
 pub mod addon_retry;
 pub mod addons;
+pub mod apiserver_files;
 pub mod applied;
 pub mod backup;
 pub mod bounded;

@@ -134,6 +134,16 @@ impl Names {
         self.prefixed("authentication")
     }
 
+    /// ConfigMap with kube-apiserver's audit policy.
+    pub fn audit_policy(&self) -> String {
+        self.prefixed("audit-policy")
+    }
+
+    /// Secret with kube-apiserver's audit webhook kubeconfig.
+    pub fn audit_webhook(&self) -> String {
+        self.prefixed("audit-webhook")
+    }
+
     /// ConfigMap with kube-apiserver's egress selector configuration.
     pub fn egress_selector_config(&self) -> String {
         self.prefixed("egress-selector")

@@ -2,6 +2,7 @@
 //! apply step sends with server-side apply. Unit-tested without a cluster.
 
 pub mod addons;
+pub mod apiserver_files;
 pub mod control_plane;
 pub mod etcd;
 #[cfg(test)]

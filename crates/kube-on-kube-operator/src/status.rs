@@ -32,6 +32,9 @@ pub struct Observed<'a> {
     /// changed and kept from being replaced: the reason and message (see
     /// [`crate::pki::authorities`]). The control plane runs on meanwhile.
     pub certificates_held: Option<(&'static str, String)>,
+    /// The tenant's kube-apiserver files are missing or refused: the
+    /// running kube-apiservers keep theirs (see [`crate::apiserver_files`]).
+    pub apiserver_files_held: Option<&'a crate::apiserver_files::Held>,
     /// Add-ons: None while not attempted yet, else how applying them went.
     pub addons: Option<crate::addon_retry::Report>,
     pub version: &'a str,
@@ -211,7 +214,18 @@ pub fn build(
         observed.apiserver,
         observed.etcd.map_or(0, |r| r.ready),
     );
-    let api_ok = if api_waits {
+    let api_ok = if let Some(held) = observed.apiserver_files_held {
+        set(
+            APISERVER_READY,
+            false,
+            held.reason,
+            held.reason,
+            format!(
+                "{}; kube-apiserver runs on with the files it had",
+                held.message
+            ),
+        )
+    } else if api_waits {
         set(
             APISERVER_READY,
             false,
@@ -451,6 +465,7 @@ mod tests {
                 certificates_expire_at: None,
                 certificates_error: None,
                 certificates_held: None,
+                apiserver_files_held: None,
                 addons: Some(crate::addon_retry::Report {
                     ready: true,
                     reason: "Applied",
@@ -505,6 +520,7 @@ mod tests {
                     "CertificateAuthorityMissing",
                     "Secret ci-ca … is missing".into(),
                 )),
+                apiserver_files_held: None,
                 addons: None,
                 version: "1.35.4",
                 etcd_version: "3.6.16",
@@ -532,6 +548,53 @@ mod tests {
     }
 
     #[test]
+    fn held_apiserver_files_are_the_apiserver_condition() {
+        let c = cluster();
+        let n = Names::new(&c, "cluster.local");
+        let pods = [ready_pod("ci-etcd-0", true)];
+        let d = deployment(1);
+        let held = crate::apiserver_files::Held {
+            reason: "AuditPolicyRefused",
+            message: "ConfigMap policy key policy.yaml: not YAML".into(),
+        };
+        let s = build(
+            &c,
+            &n,
+            &Observed {
+                etcd_pods: &pods,
+                apiserver: Some(&d),
+                controller_manager: Some(&d),
+                scheduler: Some(&d),
+                endpoint: "https://x:6443".into(),
+                certificates_expire_at: None,
+                certificates_error: None,
+                certificates_held: None,
+                apiserver_files_held: Some(&held),
+                addons: None,
+                version: "1.35.4",
+                etcd_version: "3.6.16",
+                upgrade: None,
+                etcd: None,
+            },
+            Timestamp::UNIX_EPOCH,
+        );
+        let api = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == APISERVER_READY)
+            .expect("APIServerReady");
+        assert_eq!(
+            (api.status.as_str(), api.reason.as_str()),
+            ("False", "AuditPolicyRefused")
+        );
+        assert!(
+            api.message
+                .starts_with("ConfigMap policy key policy.yaml: not YAML; ")
+        );
+        assert!(!kok_common::conditions::is_true(&s.conditions, READY));
+    }
+
+    #[test]
     fn missing_parts_are_named_in_ready() {
         let c = cluster();
         let n = Names::new(&c, "cluster.local");
@@ -548,6 +611,7 @@ mod tests {
                 certificates_expire_at: None,
                 certificates_error: None,
                 certificates_held: None,
+                apiserver_files_held: None,
                 addons: None,
                 version: "1.35.4",
                 etcd_version: "3.6.16",

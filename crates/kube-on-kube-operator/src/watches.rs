@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kok_common::watch::{changes, hash};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_on_kube_api::Cluster;
@@ -89,6 +90,7 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         "{CLUSTER_LABEL},{}",
         crate::render::etcd::MEMBER_LABEL
     ));
+    let named = store.clone();
     let controller = Controller::for_stream(clusters, store)
         .with_config(controller_config)
         .owns_stream(ends_addon_waits(
@@ -131,6 +133,31 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
                 &selector,
             ),
         ));
+    // The tenant's objects a Cluster's spec names for kube-apiserver (audit
+    // policy, JWT issuers, audit webhook kubeconfig): a change wakes the
+    // Clusters naming them. Their metadata only, and only their names
+    // matter.
+    let controller = controller
+        .watches_stream(
+            kok_common::watch::touched(
+                watcher(
+                    scoped::<PartialObjectMeta<ConfigMap>>(&client, namespace),
+                    watcher::Config::default(),
+                )
+                .default_backoff(),
+            ),
+            naming(named.clone(), crate::apiserver_files::config_maps),
+        )
+        .watches_stream(
+            kok_common::watch::touched(
+                watcher(
+                    scoped::<PartialObjectMeta<Secret>>(&client, namespace),
+                    watcher::Config::default(),
+                )
+                .default_backoff(),
+            ),
+            naming(named, crate::apiserver_files::secrets),
+        );
     // Snapshots run beside, never inside, the Cluster's passes.
     let backups = crate::backup::scheduled::run(client.clone(), namespace, ctx.clone());
     let clusters = kok_common::controller::run(
@@ -142,6 +169,26 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
         Error::category,
     );
     futures::join!(clusters, backups);
+}
+
+/// The Clusters of an object's namespace whose spec names it (`names`:
+/// the objects of that kind a Cluster names).
+fn naming<K>(
+    clusters: reflector::Store<Cluster>,
+    names: fn(&Cluster) -> Vec<&str>,
+) -> impl Fn(PartialObjectMeta<K>) -> Vec<ObjectRef<Cluster>> + Send + Sync + 'static
+where
+    K: Resource,
+{
+    move |object| {
+        let (ns, name) = (object.namespace(), object.name_any());
+        clusters
+            .state()
+            .iter()
+            .filter(|c| c.namespace() == ns && names(c).contains(&name.as_str()))
+            .map(|c| ObjectRef::from_obj(&**c))
+            .collect()
+    }
 }
 
 /// Passes on the events of a Cluster's objects, ending the Cluster's wait

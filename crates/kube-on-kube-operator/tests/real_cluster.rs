@@ -635,15 +635,293 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
         .expect("kube-apiserver Deployment");
     assert_eq!(last.metadata.generation, after.metadata.generation);
 
+    delete_and_stop_operator(&client, &ns, &name).await;
+}
+
+/// A Cluster with audit (the default policy, to a log file and a webhook)
+/// and a JWT issuer from a tenant's ConfigMap: the real kube-apiserver
+/// accepts the issuer's token as the user the ConfigMap maps it to and
+/// refuses one for another audience, and the request is audited, in the log
+/// file of kube-apiserver's Pod and at the webhook. A ConfigMap that tries
+/// to open anonymous access is refused with the reason on APIServerReady,
+/// and kube-apiserver keeps running with the files it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_audits_and_accepts_its_oidc_issuers() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("audit-oidc").await;
+    grant_operator(&client, &ns).await;
+    start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
+    let issuer = kok_testenv::issuer::TestIssuer::start(runner.gateway()).await;
+
+    let authentication = |extra: &str| -> ConfigMap {
+        let config = format!(
+            "apiVersion: apiserver.config.k8s.io/v1
+kind: AuthenticationConfiguration
+jwt:
+- issuer:
+    url: {url}
+    audiences: [kok-test]
+    certificateAuthority: |
+{ca}
+  claimMappings:
+    username: {{claim: sub, prefix: 'oidc:'}}
+{extra}",
+            url = issuer.url,
+            ca = issuer
+                .ca_pem
+                .lines()
+                .map(|l| format!("      {l}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "oidc"},
+            "data": {"authentication-configuration.yaml": config},
+        }))
+        .expect("ConfigMap")
+    };
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    maps.create(&PostParams::default(), &authentication(""))
+        .await
+        .expect("oidc ConfigMap");
+    let b64 = |s: &str| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let webhook = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: sink
+  cluster: {{server: '{}/audit', certificate-authority-data: {}}}
+users:
+- name: sink
+  user: {{token: audit-sink}}
+contexts:
+- name: sink
+  context: {{cluster: sink, user: sink}}
+current-context: sink
+",
+        issuer.url,
+        b64(&issuer.ca_pem)
+    );
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "audit-sink"},
+        "stringData": {"kubeconfig": webhook},
+    }))
+    .expect("Secret");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("webhook Secret");
+
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
+        tolerations: vec![],
+    });
+    cluster.metadata.namespace = Some(ns.clone());
+    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
+    cluster.spec.api_server.audit = Some(
+        serde_json::from_value(serde_json::json!({
+            "log": {"maxSizeMB": 10, "maxBackups": 1},
+            "webhook": {"kubeconfigSecret": "audit-sink"},
+        }))
+        .expect("audit"),
+    );
+    cluster.spec.api_server.authentication = Some(
+        serde_json::from_value(serde_json::json!({"configMap": "oidc"})).expect("authentication"),
+    );
+    let name = cluster.name_any();
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     clusters
-        .delete(&name, &DeleteParams::background())
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+    let ready = ready_cluster(&clusters, &name, None).await;
+    let ip = ready_ips(&client, &ns, &name, "apiserver")
+        .await
+        .into_iter()
+        .next()
+        .expect("a ready kube-apiserver");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca.crt");
+    let admin_secret = ready
+        .status
+        .and_then(|s| s.admin_kubeconfig_secret)
+        .expect("admin secret");
+    let admin = kubeconfig_file(&client, &ns, &admin_secret, dir.path()).await;
+    let text = std::fs::read_to_string(&admin).expect("kubeconfig");
+    let parsed: kube::config::Kubeconfig = serde_norway::from_str(&text).expect("kubeconfig");
+    let ca_data = parsed.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.certificate_authority_data.clone())
+        .expect("CA");
+    use base64::Engine;
+    std::fs::write(
+        &ca,
+        base64::engine::general_purpose::STANDARD
+            .decode(ca_data)
+            .expect("CA base64"),
+    )
+    .expect("write CA");
+    let whoami = |token: String| {
+        let out = std::process::Command::new("kubectl")
+            .args([
+                "--kubeconfig=/dev/null",
+                &format!("--server=https://{ip}:6443"),
+                "--tls-server-name=kubernetes",
+                &format!("--certificate-authority={}", ca.display()),
+                &format!("--token={token}"),
+                "auth",
+                "whoami",
+                "-o",
+                "jsonpath={.status.userInfo.username}",
+            ])
+            .output()
+            .expect("kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // kube-apiserver fetches the issuer's keys once it starts: the first
+    // token may come before them.
+    let user = wait_for(
+        "the issuer's token to be accepted",
+        Duration::from_secs(60),
+        async || {
+            let (ok, out, _) = whoami(issuer.token("alice", "kok-test"));
+            ok.then_some(out)
+        },
+    )
+    .await;
+    assert_eq!(user, "oidc:alice");
+    let (ok, _, err) = whoami(issuer.token("mallory", "another-audience"));
+    assert!(!ok && err.contains("Unauthorized"), "{err}");
+
+    // Audited: at the webhook, and in the log file of the Pod.
+    let audited = |e: &Value| {
+        e["user"]["username"] == "oidc:alice"
+            && e["objectRef"]["resource"] == "selfsubjectreviews"
+            && e["stage"] == "ResponseComplete"
+    };
+    let event = wait_for(
+        "the webhook's audit event",
+        Duration::from_secs(60),
+        async || {
+            let found = issuer.audit_events().into_iter().find(audited);
+            if found.is_none() {
+                println!("requests at the issuer: {:?}", issuer.requests());
+            }
+            found
+        },
+    )
+    .await;
+    assert_eq!(event["level"], "Metadata", "{event}");
+    assert!(event.get("requestObject").is_none(), "{event}");
+    let logs = find_files(env.log_dir(), "audit.log");
+    let logged = logs.iter().any(|path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|e| audited(&e))
+    });
+    assert!(logged, "no audit log names the request: {logs:?}");
+
+    // A ConfigMap opening anonymous access: refused, held, said.
+    let apiserver = |deployments: Vec<Deployment>| {
+        deployments
+            .into_iter()
+            .find(|d| d.name_any() == format!("{name}-apiserver"))
+            .and_then(|d| d.spec?.template.metadata?.annotations)
+            .and_then(|a| a.get("kubeonkube.io/config-hash").cloned())
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let hash_before = apiserver(
+        deployments
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items,
+    );
+    maps.replace(
+        "oidc",
+        &PostParams::default(),
+        &ConfigMap {
+            metadata: maps.get("oidc").await.expect("oidc").metadata,
+            ..authentication("anonymous: {enabled: true}\n")
+        },
+    )
+    .await
+    .expect("replace oidc");
+    // The edit wakes the Cluster that names the ConfigMap (nothing else
+    // changes here; its next pass would otherwise be an hour away).
+    let held = wait_for(
+        "the refusal on APIServerReady",
+        Duration::from_secs(60),
+        async || {
+            let c = clusters.get(&name).await.ok()?;
+            let (status, reason, message) = common::condition_of(&c, "APIServerReady")?;
+            (status == "False" && reason == "AuthenticationConfigRefused").then_some(message)
+        },
+    )
+    .await;
+    assert!(held.contains("anonymous is set by the operator"), "{held}");
+    let (ok, user, err) = whoami(issuer.token("alice", "kok-test"));
+    assert!(ok && user == "oidc:alice", "{err}");
+    assert_eq!(
+        apiserver(
+            deployments
+                .list(&Default::default())
+                .await
+                .expect("list")
+                .items
+        ),
+        hash_before,
+        "kube-apiserver rolled onto a refused configuration"
+    );
+
+    delete_and_stop_operator(&client, &ns, &name).await;
+}
+
+/// Files named `file` under `dir`, at any depth.
+fn find_files(dir: &Path, file: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(path);
+            } else if entry.file_name() == file {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Deletes Cluster `name`, waits until it is gone, and stops the operator.
+async fn delete_and_stop_operator(client: &Client, ns: &str, name: &str) {
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
+    clusters
+        .delete(name, &DeleteParams::background())
         .await
         .expect("delete");
     wait_for("the Cluster to go", Duration::from_secs(120), async || {
-        clusters.get_opt(&name).await.ok()?.is_none().then_some(())
+        clusters.get_opt(name).await.ok()?.is_none().then_some(())
     })
     .await;
-    Api::<Pod>::namespaced(client.clone(), &ns)
+    Api::<Pod>::namespaced(client.clone(), ns)
         .delete("operator", &DeleteParams::default())
         .await
         .expect("stop the operator");

@@ -9,6 +9,7 @@
 mod background;
 pub mod bins;
 pub mod hosts;
+pub mod issuer;
 pub mod kube_env;
 pub mod load_balancer;
 pub mod modules;

@@ -185,6 +185,11 @@ pub struct Prior<'a> {
     /// A certificate authority or the service-account key is held (see
     /// [`crate::pki::authorities`]).
     pub pki_held: bool,
+    /// The tenant's kube-apiserver files are missing or refused
+    /// ([`crate::apiserver_files`]): kube-apiserver's Pods keep theirs.
+    pub files_held: bool,
+    /// The hash of the tenant's kube-apiserver files, if it has any.
+    pub files_hash: Option<&'a str>,
     /// The address kube-apiserver advertises ([`render::advertised_address`]).
     pub advertise: Option<&'a str>,
     /// The konnectivity server beside kube-apiserver, if any.
@@ -207,6 +212,8 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
         etcd_settled,
         etcd_serving,
         pki_held,
+        files_held,
+        files_hash,
         advertise,
         konnectivity,
     } = *prior;
@@ -220,7 +227,16 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
         // A CA or key Secret that is held (missing or changed) would change
         // the hash and roll the component onto it: the running Pods keep
         // what they mounted instead.
-        if pki_held && let Some(live) = live_hash(deployments.get(&names.deployment(component))) {
+        if component == Component::ApiServer
+            && let Some(files) = files_hash
+        {
+            hash = crate::render::config_hash([
+                ("mounted", hash.as_bytes()),
+                ("files", files.as_bytes()),
+            ]);
+        }
+        let held = pki_held || (files_held && component == Component::ApiServer);
+        if held && let Some(live) = live_hash(deployments.get(&names.deployment(component))) {
             hash = live;
         }
         let desired = desired(

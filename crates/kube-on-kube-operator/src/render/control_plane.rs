@@ -10,13 +10,15 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodAffinityTerm,
-    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, SecretProjection,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
-    WeightedPodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, Secret,
+    SecretProjection, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeProjection, WeightedPodAffinityTerm,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube_on_kube_api::cluster::{Cluster, ComponentSpec, ExposureType};
+use kube_on_kube_api::cluster::{AuditSpec, Cluster, ComponentSpec, ExposureType};
+use serde_json::Value;
 
 use super::addons::{KONNECTIVITY_AGENT_PORT, Konnectivity};
 use super::{CONFIG_HASH_ANNOTATION, component_labels, owner};
@@ -371,6 +373,7 @@ pub fn apiserver(
                 format!("{EGRESS_DIR}/{EGRESS_KEY}"),
             )
         }))
+        .chain(audit_flags(spec.api_server.audit.as_ref()))
         .collect(),
         &spec.api_server.component,
     );
@@ -441,7 +444,7 @@ pub fn apiserver(
     };
     let authentication = config_map_volume("authentication", names.authentication_config());
     let Some(konnectivity) = konnectivity else {
-        return deployment(
+        let mut deployment = deployment(
             cluster,
             names,
             Component::ApiServer,
@@ -449,6 +452,8 @@ pub fn apiserver(
             vec![pki, authentication],
             pod.config_hash,
         );
+        with_audit(&mut deployment, cluster, names);
+        return deployment;
     };
     let mut container = container;
     container.volume_mounts = Some(vec![
@@ -487,7 +492,119 @@ pub fn apiserver(
             .containers
             .push(konnectivity_server(cluster, konnectivity));
     }
+    with_audit(&mut deployment, cluster, names);
     deployment
+}
+
+/// Where each kube-apiserver Pod reads its audit policy and webhook
+/// kubeconfig, and writes its audit log.
+const AUDIT_POLICY_DIR: &str = "/etc/kubernetes/audit";
+const AUDIT_WEBHOOK_DIR: &str = "/etc/kubernetes/audit-webhook";
+pub const AUDIT_LOG_DIR: &str = "/var/log/kubernetes/audit";
+/// How long the audit webhook's batches wait to fill (upstream: 30 s).
+const AUDIT_WEBHOOK_MAX_WAIT: &str = "5s";
+
+/// kube-apiserver's audit flags: the policy, and the log and/or webhook.
+fn audit_flags(audit: Option<&AuditSpec>) -> Vec<(&'static str, String)> {
+    use crate::render::apiserver_files::{POLICY_KEY, WEBHOOK_KEY};
+    let Some(audit) = audit else {
+        return Vec::new();
+    };
+    let mut flags = vec![(
+        "audit-policy-file",
+        format!("{AUDIT_POLICY_DIR}/{POLICY_KEY}"),
+    )];
+    if let Some(log) = &audit.log {
+        flags.extend([
+            ("audit-log-path", format!("{AUDIT_LOG_DIR}/audit.log")),
+            ("audit-log-format", "json".into()),
+            ("audit-log-maxsize", log.max_size_mb.to_string()),
+            ("audit-log-maxbackup", log.max_backups.to_string()),
+        ]);
+    }
+    if audit.webhook.is_some() {
+        flags.extend([
+            (
+                "audit-webhook-config-file",
+                format!("{AUDIT_WEBHOOK_DIR}/{WEBHOOK_KEY}"),
+            ),
+            ("audit-webhook-mode", "batch".into()),
+            (
+                "audit-webhook-batch-max-wait",
+                AUDIT_WEBHOOK_MAX_WAIT.into(),
+            ),
+        ]);
+    }
+    flags
+}
+
+/// The audit policy, log and webhook volumes of kube-apiserver's Pod, when
+/// the Cluster audits. The log's emptyDir holds the files kept, and a
+/// file's size more while one rotates.
+fn with_audit(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
+    let Some(audit) = &cluster.spec.api_server.audit else {
+        return;
+    };
+    let Some(pod) = deployment
+        .spec
+        .as_mut()
+        .and_then(|d| d.template.spec.as_mut())
+    else {
+        return;
+    };
+    let mut volumes = vec![(
+        config_map_volume("audit-policy", names.audit_policy()),
+        AUDIT_POLICY_DIR,
+        true,
+    )];
+    if let Some(log) = &audit.log {
+        let mib = u64::from(log.max_size_mb) * (u64::from(log.max_backups) + 2);
+        volumes.push((
+            Volume {
+                name: "audit-log".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(Quantity(format!("{mib}Mi"))),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            AUDIT_LOG_DIR,
+            false,
+        ));
+    }
+    if audit.webhook.is_some() {
+        volumes.push((
+            Volume {
+                name: "audit-webhook".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(names.audit_webhook()),
+                    default_mode: Some(0o400),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            AUDIT_WEBHOOK_DIR,
+            true,
+        ));
+    }
+    for (volume, path, read_only) in volumes {
+        if let Some(apiserver) = pod
+            .containers
+            .iter_mut()
+            .find(|c| c.name == "kube-apiserver")
+        {
+            apiserver
+                .volume_mounts
+                .get_or_insert_with(Vec::new)
+                .push(VolumeMount {
+                    name: volume.name.clone(),
+                    mount_path: path.into(),
+                    read_only: read_only.then_some(true),
+                    ..Default::default()
+                });
+        }
+        pod.volumes.get_or_insert_with(Vec::new).push(volume);
+    }
 }
 
 /// The konnectivity server that runs now: the image of the
@@ -596,25 +713,52 @@ fn config_map_volume(name: &str, config_map: String) -> Volume {
 /// `kube-public/cluster-info` (a joining kubelet reads it before it has
 /// credentials, as kubeadm's token discovery does), so nothing else
 /// (`/version`, discovery, what RBAC grants `system:unauthenticated`)
-/// answers a caller without credentials.
-pub fn authentication_config(cluster: &Cluster, names: &Names) -> ConfigMap {
-    let config = "apiVersion: apiserver.config.k8s.io/v1
-kind: AuthenticationConfiguration
-anonymous:
-  enabled: true
-  conditions:
-  - path: /livez
-  - path: /readyz
-  - path: /healthz
-  - path: /api/v1/namespaces/kube-public/configmaps/cluster-info
-";
+/// answers a caller without credentials; and the tenant's JWT issuers
+/// ([`crate::render::apiserver_files::jwt_issuers`]), if any.
+pub fn authentication_config(cluster: &Cluster, names: &Names, jwt: &[Value]) -> ConfigMap {
     apiserver_file(
         cluster,
         names,
         names.authentication_config(),
         AUTHENTICATION_KEY,
-        config.into(),
+        crate::render::apiserver_files::authentication_configuration(jwt),
     )
+}
+
+/// kube-apiserver's audit policy: the tenant's, checked
+/// ([`crate::render::apiserver_files::audit_policy`]), or the default one.
+pub fn audit_policy_config(cluster: &Cluster, names: &Names, policy: String) -> ConfigMap {
+    apiserver_file(
+        cluster,
+        names,
+        names.audit_policy(),
+        crate::render::apiserver_files::POLICY_KEY,
+        policy,
+    )
+}
+
+/// The audit webhook's kubeconfig, checked
+/// ([`crate::render::apiserver_files::webhook_kubeconfig`]): the operator's
+/// copy of the tenant's Secret, which is what kube-apiserver mounts.
+pub fn audit_webhook_secret(cluster: &Cluster, names: &Names, kubeconfig: String) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names.audit_webhook()),
+            namespace: Some(names.namespace.clone()),
+            labels: Some(component_labels(names, Component::ApiServer)),
+            owner_references: Some(vec![owner(cluster)]),
+            ..Default::default()
+        },
+        string_data: Some(
+            [(
+                crate::render::apiserver_files::WEBHOOK_KEY.to_string(),
+                kubeconfig,
+            )]
+            .into(),
+        ),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
 }
 
 /// A ConfigMap holding one file kube-apiserver reads.
@@ -1223,7 +1367,8 @@ mod tests {
                 "{pki:?}"
             );
         }
-        let config = authentication_config(&c, &n).data.expect("data")[AUTHENTICATION_KEY].clone();
+        let config =
+            authentication_config(&c, &n, &[]).data.expect("data")[AUTHENTICATION_KEY].clone();
         let config: serde_json::Value = serde_norway::from_str(&config).expect("yaml");
         let paths: Vec<&str> = config["anonymous"]["conditions"]
             .as_array()

@@ -156,7 +156,7 @@ fn control_plane(prefix: &str, cluster: &Cluster, ingress: Option<&str>) -> Vec<
     ];
     files.push((
         format!("{prefix}/kube-apiserver-authentication.yaml"),
-        yaml(&[control_plane::authentication_config(cluster, &names)]),
+        yaml(&[control_plane::authentication_config(cluster, &names, &[])]),
     ));
     if konnectivity.is_some() {
         files.push((
