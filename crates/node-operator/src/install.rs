@@ -172,6 +172,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 /// or `unpacked=<bytes>` with the total size of its files. Only plain files,
 /// directories, and links whose target stays below the link's own directory
 /// (relative, no `..`) are allowed: a chain of such links cannot lead out.
+/// A link whose name or target holds the listing's own separator (` -> `,
+/// ` link to `) is refused: where one ends and the other starts is unknown.
 const CHECK_LISTING: &str = r#"awk -v max="$max_unpacked" '
 function bad(why) { print "refused=" why; failed = 1; exit }
 function parent(p,   n, parts, i) {
@@ -187,6 +189,10 @@ function parent(p,   n, parts, i) {
   name = rest; target = ""
   if (type == "l") { i = index(rest, " -> "); if (i == 0) bad("unreadable link entry"); name = substr(rest, 1, i - 1); target = substr(rest, i + 4) }
   if (type == "h") { i = index(rest, " link to "); if (i == 0) bad("unreadable hard link entry"); name = substr(rest, 1, i - 1); target = substr(rest, i + 9) }
+  # A name or target holding the separator itself cannot be split safely
+  # ("a -> b -> /etc" is a link a -> "b -> /etc" or "a -> b" -> /etc).
+  if (type == "l" && index(target, " -> ")) bad("ambiguous link entry " rest)
+  if (type == "h" && index(target, " link to ")) bad("ambiguous hard link entry " rest)
   if (type != "-" && type != "d" && type != "l" && type != "h") bad("entry " name " is not a file, directory or link")
   if (substr(name, 1, 1) == "/") bad("absolute path " name)
   if (parent(name)) bad("path " name " has a .. segment")

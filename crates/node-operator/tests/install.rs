@@ -590,6 +590,9 @@ async fn archives_reaching_outside_their_directory_are_refused() {
     std::fs::create_dir_all(link_dir.path().join("bin")).unwrap();
     std::os::unix::fs::symlink("/opt", link_dir.path().join("bin/out")).unwrap();
     std::os::unix::fs::symlink("../../../../../opt", link_dir.path().join("bin/up")).unwrap();
+    // Listed as `bin/x -> y -> /opt`: split at the first arrow, it looked
+    // like a link to the relative `y -> /opt`.
+    std::os::unix::fs::symlink("/opt", link_dir.path().join("bin/x -> y")).unwrap();
     // From `<version>.tmp`, four levels up is /opt.
     let dotdot = pack_raw(
         &hosts,
@@ -605,6 +608,7 @@ async fn archives_reaching_outside_their_directory_are_refused() {
     );
     let symlink = pack_raw(&hosts, link_dir.path(), "symlink.tar.gz", &["bin/out"]);
     let relative_link = pack_raw(&hosts, link_dir.path(), "uplink.tar.gz", &["bin/up"]);
+    let arrow_link = pack_raw(&hosts, link_dir.path(), "arrow.tar.gz", &["bin/x -> y"]);
 
     let cases = [
         ("2.0.0", "dotdot.tar.gz", dotdot, "has a .. segment"),
@@ -621,6 +625,7 @@ async fn archives_reaching_outside_their_directory_are_refused() {
             relative_link,
             "outside its directory",
         ),
+        ("6.0.0", "arrow.tar.gz", arrow_link, "ambiguous link entry"),
     ];
     for (version, file, sha, why) in cases {
         let err = installer
