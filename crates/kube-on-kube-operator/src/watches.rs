@@ -137,24 +137,19 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
     // policy, JWT issuers, audit webhook kubeconfig): a change wakes the
     // Clusters naming them. Their metadata only, and only their names
     // matter.
+    let every = watcher::Config::default();
     let controller = controller
         .watches_stream(
-            kok_common::watch::touched(
-                watcher(
-                    scoped::<PartialObjectMeta<ConfigMap>>(&client, namespace),
-                    watcher::Config::default(),
-                )
-                .default_backoff(),
+            metadata(
+                scoped::<PartialObjectMeta<ConfigMap>>(&client, namespace),
+                &every,
             ),
             naming(named.clone(), crate::apiserver_files::config_maps),
         )
         .watches_stream(
-            kok_common::watch::touched(
-                watcher(
-                    scoped::<PartialObjectMeta<Secret>>(&client, namespace),
-                    watcher::Config::default(),
-                )
-                .default_backoff(),
+            metadata(
+                scoped::<PartialObjectMeta<Secret>>(&client, namespace),
+                &every,
             ),
             naming(named, crate::apiserver_files::secrets),
         );

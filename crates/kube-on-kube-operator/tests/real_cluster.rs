@@ -499,16 +499,8 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
     let ns = env.namespace("behind-lb").await;
     grant_operator(&client, &ns).await;
     start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("example");
-    cluster.spec.placement = Some(Placement {
-        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
-        tolerations: vec![],
-    });
-    cluster.metadata.namespace = Some(ns.clone());
     // Inside the meta-cluster only at first (the example has a LoadBalancer).
-    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
+    let cluster = minimal_inside(&ns);
     let name = cluster.name_any();
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -718,15 +710,7 @@ current-context: sink
         .await
         .expect("webhook Secret");
 
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("example");
-    cluster.spec.placement = Some(Placement {
-        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
-        tolerations: vec![],
-    });
-    cluster.metadata.namespace = Some(ns.clone());
-    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
+    let mut cluster = minimal_inside(&ns);
     cluster.spec.api_server.audit = Some(
         serde_json::from_value(serde_json::json!({
             "log": {"maxSizeMB": 10, "maxBackups": 1},
@@ -925,4 +909,19 @@ async fn delete_and_stop_operator(client: &Client, ns: &str, name: &str) {
         .delete("operator", &DeleteParams::default())
         .await
         .expect("stop the operator");
+}
+
+/// The Minimal example in namespace `ns`, on the runner's nodes, reachable
+/// inside the meta-cluster only (ClusterIP).
+fn minimal_inside(ns: &str) -> Cluster {
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
+        tolerations: vec![],
+    });
+    cluster.metadata.namespace = Some(ns.to_string());
+    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
+    cluster
 }
