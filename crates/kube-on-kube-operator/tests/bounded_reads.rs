@@ -16,6 +16,7 @@ use futures::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kok_testenv::kube_env::KubeEnv;
+use kok_testenv::s3::{S3Options, S3Server};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube_on_kube_api::{Cluster, ClusterStatus};
@@ -215,6 +216,139 @@ async fn a_namespace_full_of_large_labelled_secrets_costs_the_operator_a_bounded
         grown >> 20,
         BOUND >> 20
     );
+}
+
+/// How large the planted manifest is: a sparse file on the storage's disk,
+/// so it costs no disk, but the storage serves every byte of it.
+const HUGE_MANIFEST: u64 = 1 << 30;
+
+/// A tenant's own bucket is the tenant's to fill: beside a 1-byte
+/// `….db` it writes a 1 GiB `….manifest.json`, then asks to restore a
+/// Cluster from it. The operator (one process for every namespace, as the
+/// chart runs it) refuses the snapshot on its size without reading it: its
+/// peak memory grows by far less than the object, the Cluster says why
+/// (`Restored=False`, `BackupTooLarge`), and another namespace's new Cluster
+/// converges meanwhile. Restarted (as after the out-of-memory kill reading
+/// it whole used to cause), the operator meets the same object first, and
+/// again refuses it unread and serves the other namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_huge_snapshot_manifest_is_refused_unread_and_others_converge() {
+    use base64::Engine as _;
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let noisy = env.namespace("huge").await;
+    let quiet = env.namespace("calm").await;
+    let s3 = S3Server::start(&S3Options::default()).expect("versitygw");
+    let flags = [format!("--backup-endpoints={}", s3.endpoint())];
+    let mut operator = OperatorProcess::start("huge-manifest", &flags);
+    let noisy_api: Api<Cluster> = Api::namespaced(client.clone(), &noisy);
+    let quiet_api: Api<Cluster> = Api::namespaced(client.clone(), &quiet);
+    let converged = async |name: &str| {
+        quiet_api
+            .create(&PostParams::default(), &kwok_minimal_cluster(&quiet, name))
+            .await
+            .expect("create");
+        wait_cluster(
+            &quiet_api,
+            name,
+            "the other tenant's Cluster",
+            CONVERGE,
+            control_plane_ready,
+        )
+        .await;
+    };
+    // The operator at work before anything is planted: its size then.
+    converged("calm-0").await;
+    let working = memory(operator.pid(), "VmRSS");
+
+    // The tenant's storage Secrets, and its snapshot: a 1-byte data object
+    // and a manifest far over any manifest's size.
+    let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &noisy);
+    for (name, data) in [
+        (
+            "s3-credentials",
+            json!({"accessKeyID": s3.access_key_id(), "secretAccessKey": s3.secret_access_key()}),
+        ),
+        ("s3-ca", json!({"ca.crt": s3.ca_pem().expect("tls")})),
+        ("backup-key", json!({"key": key})),
+    ] {
+        let secret =
+            serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))
+                .expect("secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("storage secret");
+    }
+    let prefix = format!("{noisy}/old");
+    let snapshot = "20260101T000000Z-r7";
+    let object =
+        |suffix: &str| s3.object_path(s3.bucket(), &format!("{prefix}/{snapshot}{suffix}"));
+    std::fs::create_dir_all(object(".db").parent().expect("parent")).expect("prefix");
+    std::fs::write(object(".db"), b"x").expect("data object");
+    std::fs::File::create(object(".manifest.json"))
+        .and_then(|f| f.set_len(HUGE_MANIFEST))
+        .expect("a sparse manifest");
+    let restoring = |name: &str| {
+        let mut c = kwok_minimal_cluster(&noisy, name);
+        c.spec.etcd.restore_from = Some(
+            serde_json::from_value(json!({
+                "snapshot": "latest",
+                "s3": {
+                    "endpoint": s3.endpoint(),
+                    "bucket": s3.bucket(),
+                    "prefix": prefix,
+                    "credentialsSecret": "s3-credentials",
+                    "caSecret": "s3-ca",
+                },
+                "encryptionKeySecret": "backup-key",
+            }))
+            .expect("restoreFrom"),
+        );
+        c
+    };
+
+    for round in 1..=2 {
+        let pid = operator.pid();
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak RSS");
+        // A Cluster restoring from the snapshot (in the second round, the
+        // first one's is there too: the new process's first pass reads it).
+        let name = format!("restoring-{round}");
+        noisy_api
+            .create(&PostParams::default(), &restoring(&name))
+            .await
+            .expect("create");
+        converged(&format!("calm-{round}")).await;
+        let c = wait_cluster(&noisy_api, &name, "the restore's refusal", CONVERGE, |c| {
+            condition_of(c, "Restored")
+                .is_some_and(|(s, r, _)| s == "False" && r == "BackupTooLarge")
+        })
+        .await;
+        let (_, _, message) = condition_of(&c, "Restored").expect("condition");
+        assert!(
+            message.contains("manifest") && message.contains(snapshot),
+            "{message}"
+        );
+        operator.assert_running();
+        let peak = memory(pid, "VmHWM");
+        println!(
+            "round {round}: operator RSS {} MiB at work before, peak {} MiB with a {} MiB manifest to read",
+            working >> 20,
+            peak >> 20,
+            HUGE_MANIFEST >> 20
+        );
+        assert!(
+            peak.saturating_sub(working) < BOUND,
+            "the operator's peak memory is {} MiB, {} MiB at work before (bound: {} MiB more)",
+            peak >> 20,
+            working >> 20,
+            BOUND >> 20
+        );
+        // As after a crash: a new process meets the same object first.
+        drop(operator);
+        operator = OperatorProcess::start(&format!("huge-manifest-{round}"), &flags);
+    }
 }
 
 /// A template ConfigMap `name` registering `addon` at `version` with `bytes`
