@@ -55,9 +55,10 @@ pub fn roles_of(bundle: &Bundle) -> impl Iterator<Item = &'static str> + '_ {
 /// Why a bundle could not be sealed or opened.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PkiError {
-    /// The user's key is not 32 bytes (raw, or base64 text of them).
+    /// The user's key is not 32 bytes (raw, or base64 text of them) or a
+    /// passphrase.
     #[error(
-        "the encryption key must be 32 bytes, raw or as base64 text (make one with `openssl rand -base64 32`); it has {0} bytes"
+        "the encryption key must be 32 bytes, raw or as base64 text (make one with `openssl rand -base64 32`), or a passphrase of 32 to 1024 printable characters; it has {0} bytes"
     )]
     KeySize(usize),
     /// The bundle is not one this code sealed, or was cut short.
@@ -85,8 +86,24 @@ pub enum PkiError {
     },
 }
 
+/// Iterations of PBKDF2-HMAC-SHA256 a passphrase goes through (OWASP's
+/// figure for it): a guess costs a third of a second of a core, once per
+/// snapshot taken or restored.
+const PASSPHRASE_ITERATIONS: u32 = 600_000;
+/// The salt of that derivation: one per purpose, not per key (a key Secret
+/// holds the passphrase only; what it seals must still open with it alone).
+const PASSPHRASE_SALT: &[u8] = b"kube-on-kube backup key passphrase v1";
+/// The passphrases a key Secret may hold: printable text, from 32
+/// characters (shorter ones are too easy to guess) up to this.
+const PASSPHRASE_MAX: usize = 1024;
+
 /// A 256-bit key.
-pub struct Key([u8; 32]);
+pub struct Key {
+    bytes: [u8; 32],
+    /// A passphrase of exactly 32 characters was once used as the key's
+    /// bytes as they were; bundles sealed so still open with them.
+    former: Option<[u8; 32]>,
+}
 
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,21 +112,47 @@ impl std::fmt::Debug for Key {
 }
 
 impl Key {
-    /// The key a Secret's value holds: 32 raw bytes, or base64 text of them
-    /// (surrounding white space ignored).
+    /// The key a Secret's value holds: 32 raw bytes, base64 text of them
+    /// (surrounding white space ignored), or a passphrase (printable text
+    /// of 32 to 1024 characters), which goes through PBKDF2-HMAC-SHA256: a
+    /// passphrase used as the key's bytes as they are would be guessed at
+    /// the speed of AES. A passphrase of exactly 32 characters was used so
+    /// before; what was sealed with it still opens ([`open`]).
     pub fn from_secret_value(value: &[u8]) -> Result<Key, PkiError> {
         use base64::Engine as _;
         let text = std::str::from_utf8(value).ok().map(str::trim);
         let decoded = text.and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok());
-        let bytes = match decoded {
-            Some(d) if d.len() == 32 => d,
-            _ => value.to_vec(),
-        };
-        let key: [u8; 32] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| PkiError::KeySize(bytes.len()))?;
-        Ok(Key(key))
+        if let Some(key) = decoded
+            .as_deref()
+            .and_then(|d| <[u8; 32]>::try_from(d).ok())
+        {
+            return Ok(Key::raw(key));
+        }
+        let printable = |b: &u8| b.is_ascii_graphic() || *b == b' ';
+        if (32..=PASSPHRASE_MAX).contains(&value.len()) && value.iter().all(printable) {
+            let mut bytes = [0u8; 32];
+            ring::pbkdf2::derive(
+                ring::pbkdf2::PBKDF2_HMAC_SHA256,
+                std::num::NonZeroU32::new(PASSPHRASE_ITERATIONS).expect("not zero"),
+                PASSPHRASE_SALT,
+                value,
+                &mut bytes,
+            );
+            return Ok(Key {
+                bytes,
+                former: <[u8; 32]>::try_from(value).ok(),
+            });
+        }
+        <[u8; 32]>::try_from(value)
+            .map(Key::raw)
+            .map_err(|_| PkiError::KeySize(value.len()))
+    }
+
+    fn raw(bytes: [u8; 32]) -> Key {
+        Key {
+            bytes,
+            former: None,
+        }
     }
 
     /// A name for the key that does not give it away: the first 16 hex
@@ -117,15 +160,19 @@ impl Key {
     pub fn id(&self) -> String {
         let digest = Sha256::new()
             .chain_update(b"kube-on-kube pki key id\n")
-            .chain_update(self.0)
+            .chain_update(self.bytes)
             .finalize();
         hex(&digest[..8])
     }
 
     fn aead(&self) -> LessSafeKey {
-        // 32 bytes is AES-256-GCM's key length: cannot fail.
-        LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &self.0).expect("a 32-byte key"))
+        aead(&self.bytes)
     }
+}
+
+fn aead(key: &[u8; 32]) -> LessSafeKey {
+    // 32 bytes is AES-256-GCM's key length: cannot fail.
+    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte key"))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -246,17 +293,26 @@ pub fn open(sealed: &[u8], key: &Key, snapshot: &str) -> Result<Bundle, PkiError
     }
     let (nonce, ciphertext) = rest.split_at(NONCE_LEN);
     let nonce: [u8; NONCE_LEN] = nonce.try_into().map_err(|_| PkiError::NotSealed)?;
-    let mut data = ciphertext.to_vec();
-    let plain = key
-        .aead()
-        .open_in_place(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(snapshot.as_bytes()),
-            &mut data,
-        )
-        .map_err(|_| PkiError::Open { key_id: key.id() })?;
+    // The key, then the bytes a 32-character passphrase was used as before
+    // it went through the derivation.
+    let plain = std::iter::once(&key.bytes)
+        .chain(&key.former)
+        .find_map(|k| {
+            let mut data = ciphertext.to_vec();
+            let len = aead(k)
+                .open_in_place(
+                    Nonce::assume_unique_for_key(nonce),
+                    Aad::from(snapshot.as_bytes()),
+                    &mut data,
+                )
+                .ok()?
+                .len();
+            data.truncate(len);
+            Some(data)
+        })
+        .ok_or_else(|| PkiError::Open { key_id: key.id() })?;
     let bundle: Bundle =
-        serde_json::from_slice(plain).map_err(|e| PkiError::Format(e.to_string()))?;
+        serde_json::from_slice(&plain).map_err(|e| PkiError::Format(e.to_string()))?;
     match (bundle.format, &bundle.data) {
         (FORMAT, Some(_)) | (FORMAT_UNBOUND, None) => {}
         (FORMAT, None) => return Err(PkiError::Format("format 2 without its data".into())),
@@ -294,7 +350,7 @@ mod tests {
     }
 
     fn key(byte: u8) -> Key {
-        Key([byte; 32])
+        Key::raw([byte; 32])
     }
 
     #[test]
@@ -395,6 +451,42 @@ mod tests {
         );
         let sixteen = base64::engine::general_purpose::STANDARD.encode([1u8; 16]);
         assert!(Key::from_secret_value(sixteen.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn passphrases_go_through_a_derivation_and_open_what_they_sealed_before() {
+        let phrase = b"correct horse battery staple 123";
+        assert_eq!(phrase.len(), 32);
+        let key = Key::from_secret_value(phrase).unwrap();
+        // Not the passphrase's bytes as they are, nor their id.
+        assert_ne!(key.bytes, *phrase);
+        assert_ne!(key.id(), Key::raw(*phrase).id());
+        // The same passphrase, the same key (each derivation takes about a
+        // second in a debug build: this test makes three).
+        assert_eq!(Key::from_secret_value(phrase).unwrap().id(), key.id());
+        // A bundle sealed with the passphrase used as the key opens, and one
+        // sealed with the derived key; another passphrase opens neither.
+        let before = seal(&bundle(), &Key::raw(*phrase), "s");
+        assert_eq!(open(&before, &key, "s").unwrap(), bundle());
+        let now = seal(&bundle(), &key, "s");
+        assert_eq!(open(&now, &key, "s").unwrap(), bundle());
+        assert!(open(&now, &Key::raw(*phrase), "s").is_err());
+        // A longer passphrase is one too, with no former bytes to try.
+        let other = Key::from_secret_value(b"correct horse battery staple 1234, and more").unwrap();
+        assert_eq!(other.former, None);
+        assert!(open(&before, &other, "s").is_err());
+        assert!(open(&now, &other, "s").is_err());
+        // Shorter and unprintable values are refused (before any derivation).
+        assert_eq!(
+            Key::from_secret_value(b"only twenty-four letters").unwrap_err(),
+            PkiError::KeySize(24)
+        );
+        let mut binary = [b'a'; 40];
+        binary[3] = 0;
+        assert_eq!(
+            Key::from_secret_value(&binary).unwrap_err(),
+            PkiError::KeySize(40)
+        );
     }
 
     #[test]
