@@ -796,6 +796,11 @@ pub struct RestoreStatus {
     /// this one lost their data and were rebuilt from its backups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
+    /// Where the members download the snapshot from: the storage as the
+    /// spec named it when the snapshot was chosen (its prefix filled in).
+    /// A spec edited while the restore runs does not move it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<S3Destination>,
 }
 
 /// Annotation on a Cluster asking for an etcd snapshot now: any new value

@@ -378,6 +378,7 @@ async fn identity(
         identity_restored: true,
         data_restored: false,
         cause: Some(RESTORE_FROM.into()),
+        storage: crate::render::restore::storage(cluster, names, Some(RESTORE_FROM)),
     })
 }
 
@@ -482,6 +483,7 @@ pub async fn recover(
         identity_restored: true,
         data_restored: false,
         cause: Some(QUORUM_LOST.into()),
+        storage: crate::render::restore::storage(cluster, names, Some(QUORUM_LOST)),
     };
     // Recorded first: a pass that deletes and then stops still knows the
     // members it makes next start on the snapshot.

@@ -27,12 +27,23 @@ pub fn pending(cluster: &Cluster) -> Option<&RestoreStatus> {
     (status.identity_restored && !status.data_restored).then_some(status)
 }
 
-/// Where the snapshot of the restore in progress is (its prefix filled in):
-/// the Cluster's own backups after a quorum loss, else `restoreFrom`.
+/// Where the snapshot of the restore in progress is: as recorded when it
+/// was chosen (a spec edited meanwhile does not move it), or, for a restore
+/// recorded before records named it, as the spec names it now.
 pub fn source(cluster: &Cluster, names: &Names) -> Option<S3Destination> {
     let status = pending(cluster)?;
+    status
+        .storage
+        .clone()
+        .or_else(|| storage(cluster, names, status.cause.as_deref()))
+}
+
+/// Where a restore for `cause` reads its snapshot from, as the spec names
+/// it (its prefix filled in): the Cluster's own backups after a quorum
+/// loss, else `restoreFrom`.
+pub fn storage(cluster: &Cluster, names: &Names, cause: Option<&str>) -> Option<S3Destination> {
     let etcd = &cluster.spec.etcd;
-    if status.cause.as_deref() == Some(QUORUM_LOST) {
+    if cause == Some(QUORUM_LOST) {
         let mut s3 = backup_storage(names, etcd.backup.as_ref()?)?.s3;
         s3.prefix
             .get_or_insert_with(|| format!("{}/{}", names.namespace, names.cluster));
@@ -222,6 +233,53 @@ mod tests {
         )
     }
 
+    /// A rebuild reads its snapshot from the storage recorded when it was
+    /// chosen: the tenant moving `spec.etcd.backup` meanwhile does not move
+    /// where the members download from. A restore recorded before records
+    /// named their storage reads the spec.
+    #[test]
+    fn a_rebuild_downloads_from_the_storage_recorded_not_the_spec_edited_since() {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        let backup = |endpoint: &str| {
+            serde_json::from_value(json!({
+                "schedule": {"every": "6h"},
+                "s3": {"endpoint": endpoint, "bucket": "etcd", "credentialsSecret": "s3"},
+                "encryptionKeySecret": "key",
+            }))
+            .expect("backup")
+        };
+        c.spec.etcd.backup = Some(backup("https://s3.example.com"));
+        let n = Names::new(&c, "cluster.local");
+        let chosen = storage(&c, &n, Some(QUORUM_LOST)).expect("storage");
+        assert_eq!(chosen.endpoint, "https://s3.example.com");
+        assert_eq!(chosen.prefix.as_deref(), Some("clusters/prod-east"));
+        let mut status = RestoreStatus {
+            snapshot: "20261127T120500Z-r12".into(),
+            sha256: "ab".repeat(32),
+            revision: 12,
+            identity_restored: true,
+            data_restored: false,
+            cause: Some(QUORUM_LOST.into()),
+            storage: Some(chosen.clone()),
+        };
+        c.status = Some(Default::default());
+        c.status.as_mut().unwrap().restore = Some(status.clone());
+        c.spec.etcd.backup = Some(backup("https://elsewhere.example.com"));
+        assert_eq!(source(&c, &n), Some(chosen));
+        status.storage = None;
+        c.status.as_mut().unwrap().restore = Some(status.clone());
+        assert_eq!(
+            source(&c, &n).map(|s| s.endpoint),
+            Some("https://elsewhere.example.com".into())
+        );
+        // Once the data is restored, nothing is downloaded.
+        status.data_restored = true;
+        c.status.as_mut().unwrap().restore = Some(status);
+        assert_eq!(source(&c, &n), None);
+    }
+
     #[test]
     fn a_restoring_member_downloads_then_restores_as_itself_before_etcd_starts() {
         let pod = member(1);
@@ -241,6 +299,7 @@ mod tests {
             identity_restored: true,
             data_restored: false,
             cause: None,
+            storage: None,
         };
         let pod = with_restore(pod, &s3, &status, "example.test/kok:1", flags);
         let spec = pod.spec.expect("spec");
