@@ -22,6 +22,10 @@
 # suite's output, and summary.md (passed, failed with the failure's first
 # line, skipped), and prints the summary.
 #
+# It exits non-zero when the suite fails: a spec failed (on every attempt),
+# or the suite failed outside any spec (its set-up finding no schedulable
+# node, say), which no report counts.
+#
 # --flake-attempts N runs a failed spec up to N times in all (ginkgo's
 # --flake-attempts); a spec that passes only on a later attempt counts as
 # passed and is listed apart, under "Passed on a retry", with its attempts.
@@ -56,7 +60,7 @@ while [ $# -gt 0 ]; do
     --no-serial) serial=no; shift ;;
     --env) env_dir=$2; shift 2 ;;
     --flake-attempts) attempts=$2; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -146,18 +150,23 @@ common=(--kubeconfig="$kc" --provider=skeleton --disable-log-dump)
 pattern='\[Conformance\]'
 [ -z "$focus" ] || pattern="($pattern.*($focus))|(($focus).*$pattern)"
 started=$(date +%s)
+# The suite's own verdict: it fails for a failed spec, and for a failure
+# outside any spec (a suite set-up that finds no ready node), which the
+# reports count nowhere.
+parallel_status=0
+serial_status=0
 log "parallel pass: --ginkgo.focus='$pattern' --ginkgo.skip='\\[Serial\\]${skip:+|$skip}' with $procs processes"
 mkdir -p "$out/parallel"
 ginkgo --procs="$procs" --timeout=4h -v --flake-attempts="$attempts" \
   --json-report=report.json --output-dir="$out/parallel" "$bin/e2e.test" -- "${common[@]}" \
   --report-dir="$out/parallel" --ginkgo.focus="$pattern" \
-  --ginkgo.skip="\[Serial\]${skip:+|$skip}" >"$out/parallel.log" 2>&1 || true
+  --ginkgo.skip="\[Serial\]${skip:+|$skip}" >"$out/parallel.log" 2>&1 || parallel_status=$?
 if [ $serial = yes ]; then
   log "serial pass: the [Serial] ones among them"
   mkdir -p "$out/serial"
   "$bin/e2e.test" "${common[@]}" --report-dir="$out/serial" --ginkgo.v --ginkgo.flake-attempts="$attempts" \
     --ginkgo.json-report="$out/serial/report.json" --ginkgo.focus="\[Serial\].*($pattern)" \
-    ${skip:+--ginkgo.skip="$skip"} --ginkgo.timeout=4h >"$out/serial.log" 2>&1 || true
+    ${skip:+--ginkgo.skip="$skip"} --ginkgo.timeout=4h >"$out/serial.log" 2>&1 || serial_status=$?
 fi
 took=$(( $(date +%s) - started ))
 
@@ -225,3 +234,9 @@ for n, a in retried:
     print(f"PASSED ON ATTEMPT {a}: {n}")
 PY
 log "summary: $out/summary.md"
+if [ "$parallel_status" -ne 0 ] || [ "$serial_status" -ne 0 ]; then
+  logs="$out/parallel.log"
+  [ $serial = no ] || logs="$logs and $out/serial.log"
+  log "the suite failed (parallel pass: exit $parallel_status, serial pass: exit $serial_status): a failed spec in the summary, or a failure outside any spec; see $logs"
+  exit 1
+fi

@@ -508,10 +508,14 @@ async fn conformance_subset(repo: &Path, env_dir: &Path, cluster: &str) {
         )
     });
     println!("{summary}");
+    // It fails for a failed spec and for a suite that failed outside its
+    // specs (no report counts that one).
     assert!(
         output.status.success(),
-        "scripts/conformance.sh: {}",
-        output.status
+        "scripts/conformance.sh: {}; {}:\n{}",
+        output.status,
+        out.join("summary.md").display(),
+        section(&summary, "Failed").unwrap_or_default()
     );
     if let Some(retried) = section(&summary, "Passed on a retry") {
         println!("conformance subset: passed only on a second attempt:\n{retried}");
