@@ -6,6 +6,7 @@
 //! add-ons a Cluster uses, within the count and byte limits, and one larger
 //! than the template limit is reported unread.
 
+mod backup_pods;
 mod common;
 
 use std::sync::Arc;
@@ -264,23 +265,7 @@ async fn a_tenants_huge_snapshot_manifest_is_refused_unread_and_others_converge(
     // The tenant's storage Secrets, and its snapshot: a 1-byte data object
     // and a manifest far over any manifest's size.
     let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &noisy);
-    for (name, data) in [
-        (
-            "s3-credentials",
-            json!({"accessKeyID": s3.access_key_id(), "secretAccessKey": s3.secret_access_key()}),
-        ),
-        ("s3-ca", json!({"ca.crt": s3.ca_pem().expect("tls")})),
-        ("backup-key", json!({"key": key})),
-    ] {
-        let secret =
-            serde_json::from_value(json!({"metadata": {"name": name}, "stringData": data}))
-                .expect("secret");
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("storage secret");
-    }
+    backup_pods::storage_secrets(&client, &noisy, &s3, &key).await;
     let prefix = format!("{noisy}/old");
     let snapshot = "20260101T000000Z-r7";
     let object =

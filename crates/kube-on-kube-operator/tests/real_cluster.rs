@@ -425,15 +425,7 @@ async fn example_becomes_a_working_kubernetes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minimal_example_becomes_a_working_kubernetes() {
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("example");
-    // The example has no placement: without one the Pods could land on the
-    // meta-cluster's simulated nodes, where nothing runs.
-    cluster.spec.placement = Some(Placement {
-        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
-        tolerations: vec![],
-    });
+    let mut cluster = minimal_on_runner();
     cluster.spec.extra_users = vec![ExtraUser {
         name: "sre".into(),
         groups: vec!["system:masters".into(), "sre".into()],
@@ -911,9 +903,10 @@ async fn delete_and_stop_operator(client: &Client, ns: &str, name: &str) {
         .expect("stop the operator");
 }
 
-/// The Minimal example in namespace `ns`, on the runner's nodes, reachable
-/// inside the meta-cluster only (ClusterIP).
-fn minimal_inside(ns: &str) -> Cluster {
+/// The Minimal example on the runner's nodes. The example has no
+/// placement: without one the Pods could land on the meta-cluster's
+/// simulated nodes, where nothing runs.
+fn minimal_on_runner() -> Cluster {
     let mut cluster: Cluster =
         serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
             .expect("example");
@@ -921,6 +914,13 @@ fn minimal_inside(ns: &str) -> Cluster {
         node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
         tolerations: vec![],
     });
+    cluster
+}
+
+/// The Minimal example in namespace `ns`, on the runner's nodes, reachable
+/// inside the meta-cluster only (ClusterIP).
+fn minimal_inside(ns: &str) -> Cluster {
+    let mut cluster = minimal_on_runner();
     cluster.metadata.namespace = Some(ns.to_string());
     cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
     cluster
