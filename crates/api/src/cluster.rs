@@ -767,6 +767,10 @@ pub struct ClusterStatus {
     /// [`REPLACE_AUTHORITIES_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_authorities: Option<AuthorityFingerprints>,
+    /// The rotation of the key Secrets are encrypted at rest with, while
+    /// one runs (see [`ROTATE_ENCRYPTION_KEY_ANNOTATION`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_rotation: Option<KeyRotationStatus>,
     /// etcd snapshots: the last one taken, the ones kept, the next due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupStatus>,
@@ -861,6 +865,38 @@ pub struct SnapshotRecord {
 /// gives up. Naming the old fingerprint makes it a one-time action: once the
 /// new one is recorded, the annotation no longer matches anything.
 pub const REPLACE_AUTHORITIES_ANNOTATION: &str = "kubeonkube.io/replace-authorities";
+
+/// Annotation on a Cluster that rotates the key its business cluster's
+/// Secrets are encrypted at rest with: its value is the fingerprint recorded
+/// in `status.certificateAuthorities.encryption`. The new key is added for
+/// every kube-apiserver to read, then made the one that encrypts, every
+/// Secret is written again under it, and the old key is removed; the new
+/// fingerprint is recorded, so the annotation then names nothing.
+pub const ROTATE_ENCRYPTION_KEY_ANNOTATION: &str = "kubeonkube.io/rotate-encryption-key";
+
+/// How far a rotation of the encryption key is.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRotationStatus {
+    /// `AddingKey` (every kube-apiserver gets the new key to read),
+    /// `SwitchingKey` (the new key encrypts, the old one is still read),
+    /// `RewritingSecrets` (every Secret is written again under the new key)
+    /// or `RemovingKey` (the old key goes).
+    pub phase: String,
+    /// Fingerprint of the key being replaced.
+    pub from: String,
+    /// Fingerprint of the new key.
+    pub to: String,
+    /// Secrets written again under the new key so far.
+    #[serde(default)]
+    pub secrets_rewritten: u64,
+    /// Where the rewrite goes on from (the business API's list token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_from: Option<String>,
+    /// What it waits for, if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
 
 /// SHA-256 fingerprints (`sha256:<hex>`) of a Cluster's certificate
 /// authorities (of the DER certificate) and service-account key (of the DER

@@ -652,6 +652,28 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     )
     .await?;
 
+    // A rotation of the encryption key takes its next step once every
+    // kube-apiserver runs the key ring as it is stored: a held configuration
+    // keeps the running Pods on what they have.
+    let rotation_recheck = if crate::render::restore::pending(&cluster).is_none() {
+        let rolled = certificates_held.is_none()
+            && files_held.is_none()
+            && apiserver
+                .as_ref()
+                .is_some_and(|d| control_plane::settled(Component::ApiServer, d, &pods));
+        crate::key_rotation::reconcile(&crate::key_rotation::Inputs {
+            ctx: &ctx,
+            cluster: &cluster,
+            names: &names,
+            secrets: &all_secrets,
+            rolled,
+            ca_fingerprint: record.cluster.as_deref(),
+        })
+        .await?
+    } else {
+        None
+    };
+
     // Add-ons, once the business API answers.
     let api_ready = apiserver
         .as_ref()
@@ -735,6 +757,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
             .clamp(Duration::from_secs(1), IDLE_RECHECK)
     });
     let idle = claim_recheck.map_or(idle, |soon| idle.min(soon));
+    let idle = rotation_recheck.map_or(idle, |soon| idle.min(soon));
     // A control plane that is ready but for its failing add-ons waits for
     // their next attempt.
     let only_addons_wait = addons_wait.filter(|_| {

@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod controller;
 pub mod error;
 pub mod etcd;
+pub mod key_rotation;
 pub mod metrics;
 pub mod names;
 pub mod network;

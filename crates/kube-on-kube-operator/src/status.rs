@@ -399,6 +399,8 @@ pub fn build(
         certificates_expire_at: observed.certificates_expire_at.map(Time),
         // Written by the PKI step under its own field manager.
         certificate_authorities: None,
+        // Written by the key rotation under its own field manager.
+        encryption_key_rotation: None,
         // Written by the backup controller under its own field manager.
         backup: None,
         // Written by the restore step under its own field manager.

@@ -9,7 +9,7 @@ pub mod upgrade;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kok_common::conditions::Status;
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -73,6 +73,23 @@ fn mounted_secrets(names: &Names, component: Component, konnectivity: bool) -> V
         secrets.push(names.kubeconfig_secret(render::KONNECTIVITY_IDENTITY));
     }
     secrets
+}
+
+/// kube-apiserver's encryption configuration, once it holds other keys
+/// than the one every Cluster starts with (`key1`):
+/// kube-apiserver reads the configuration at start only, so a rotation
+/// (see [`crate::key_rotation`]) rolls it with each step, while a Cluster
+/// never rotated keeps its Pods' hash.
+fn rotated_keys(names: &Names, secrets: &BTreeMap<String, Secret>) -> Option<String> {
+    use crate::pki::encryption::{CONFIG, KEY, Ring};
+    let data = secrets.get(&names.encryption_secret())?.data.as_ref()?;
+    let text = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    let ring = Ring::parse(&text(KEY)?, &text(CONFIG)?).ok()?;
+    let keys: Vec<&str> = ring.keys.iter().map(|k| k.name.as_str()).collect();
+    (keys != ["key1"]).then(|| ring.config())
 }
 
 fn desired(
@@ -143,6 +160,27 @@ pub fn inputs(
     }
 }
 
+/// How many of `component`'s Pods are shutting down.
+fn terminating(pods: &[Pod], component: Component) -> usize {
+    pods.iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_some()
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(COMPONENT_LABEL))
+                    .map(String::as_str)
+                    == Some(component.as_str())
+        })
+        .count()
+}
+
+/// Whether `deployment` of `component` has rolled out its template: every
+/// replica runs it and is ready, and no Pod of an older one is left.
+pub fn settled(component: Component, deployment: &Deployment, pods: &[Pod]) -> bool {
+    upgrade::rollout(deployment, terminating(pods, component)).settled
+}
+
 /// Each component's step, with its live Deployment as `deployment` gives it.
 fn steps<'a>(
     resolved: &Resolved,
@@ -153,18 +191,7 @@ fn steps<'a>(
         .iter()
         .map(|&component| {
             let wanted = resolved.component(component);
-            let terminating = pods
-                .iter()
-                .filter(|p| {
-                    p.metadata.deletion_timestamp.is_some()
-                        && p.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(COMPONENT_LABEL))
-                            .map(String::as_str)
-                            == Some(component.as_str())
-                })
-                .count();
+            let terminating = terminating(pods, component);
             Step {
                 component,
                 desired_image: wanted.image.clone(),
@@ -233,6 +260,14 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
             hash = crate::render::config_hash([
                 ("mounted", hash.as_bytes()),
                 ("files", files.as_bytes()),
+            ]);
+        }
+        if component == Component::ApiServer
+            && let Some(keys) = rotated_keys(names, secrets)
+        {
+            hash = crate::render::config_hash([
+                ("mounted", hash.as_bytes()),
+                ("encryption", keys.as_bytes()),
             ]);
         }
         let held = pki_held || (files_held && component == Component::ApiServer);

@@ -156,6 +156,16 @@ fn stored(
     }
 }
 
+/// The key ring of the encryption Secret `name`, when it holds one.
+fn encryption_ring(inputs: &Inputs<'_>, name: &str) -> Option<pki::encryption::Ring> {
+    let secret = inputs.existing.get(name)?;
+    pki::encryption::Ring::parse(
+        &data(secret, pki::encryption::KEY)?,
+        &data(secret, pki::encryption::CONFIG)?,
+    )
+    .ok()
+}
+
 /// Decide one authority or key; a new one is made with `make`. The key
 /// material to issue from, or None when it is held.
 fn authority(
@@ -168,13 +178,20 @@ fn authority(
     out: &mut Outcome,
 ) -> Result<Option<(String, String)>, PkiError> {
     let stored = stored(inputs, name, keys, check);
-    let decision = authorities::decide(
-        which,
-        name,
-        which.recorded(inputs.recorded),
-        &stored,
-        inputs.replace,
-    );
+    let recorded = which.recorded(inputs.recorded);
+    // A key rotation moves the encrypting key of the ring first: a ring that
+    // still holds the recorded key reads everything it wrote, so the key
+    // now first is the one to record (see `pki::encryption`).
+    let rotated = match (which, recorded, &stored) {
+        (Which::Encryption, Some(r), Stored::Found(f))
+            if r != f && encryption_ring(inputs, name).is_some_and(|ring| ring.holds(r)) =>
+        {
+            Some(f.clone())
+        }
+        _ => None,
+    };
+    let recorded = rotated.as_deref().or(recorded);
+    let decision = authorities::decide(which, name, recorded, &stored, inputs.replace);
     let type_ = authority_secret_type(which);
     let existing = || {
         let s = inputs.existing.get(name)?;
@@ -186,7 +203,7 @@ fn authority(
             Ok(None)
         }
         (Decision::Use | Decision::Replace, Stored::Found(fingerprint)) => {
-            if matches!(which.recorded(inputs.recorded), Some(r) if r != fingerprint) {
+            if matches!(recorded, Some(r) if r != fingerprint) {
                 out.replaced.push(which);
             }
             which.record(&mut out.authorities, fingerprint);
@@ -730,6 +747,66 @@ mod tests {
         // Restored from a backup: used again, nothing changes.
         let restored = run_recorded(&c, &existing, at(60), "https://api:6443", &recorded, &[]);
         assert!(restored.held.is_empty() && restored.changes.is_empty());
+    }
+
+    #[test]
+    fn a_rotated_encryption_key_is_recorded_while_its_ring_holds_the_recorded_one() {
+        use pki::encryption::Ring;
+        let c = cluster();
+        let (existing, recorded) = bootstrapped(&c);
+        let name = "prod-east-encryption";
+        let with_ring = |ring: &Ring| {
+            let mut secrets = existing.clone();
+            let data = [
+                (pki::encryption::KEY, ring.first().secret.clone()),
+                (pki::encryption::CONFIG, ring.config()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), ByteString(v.into_bytes())))
+            .collect();
+            secrets.get_mut(name).expect("encryption Secret").data = Some(data);
+            secrets
+        };
+        let stored = |key: &str| data(&existing[name], key).expect("stored");
+        let ring = Ring::parse(
+            &stored(pki::encryption::KEY),
+            &stored(pki::encryption::CONFIG),
+        )
+        .expect("ring");
+        let old = recorded.encryption.clone().expect("recorded");
+        // The new key encrypts, the recorded one is still read: recorded
+        // anew, nothing held, no Event of a replaced key.
+        let switched = ring.with_new_key().expect("key").switched();
+        let out = run_recorded(
+            &c,
+            &with_ring(&switched),
+            at(60),
+            "https://api:6443",
+            &recorded,
+            &[],
+        );
+        assert!(
+            out.held.is_empty() && out.replaced.is_empty(),
+            "{:?}",
+            out.held
+        );
+        assert_eq!(
+            out.authorities.encryption,
+            Some(switched.first().fingerprint())
+        );
+        assert_ne!(out.authorities.encryption, Some(old));
+        // A ring without the recorded key is another key: held.
+        let foreign = switched.retired();
+        let held = run_recorded(
+            &c,
+            &with_ring(&foreign),
+            at(60),
+            "https://api:6443",
+            &recorded,
+            &[],
+        );
+        assert_eq!(held.held[0].reason, "EncryptionKeyChanged");
+        assert!(held.changes.is_empty(), "{:?}", changed(&held));
     }
 
     #[test]
