@@ -92,7 +92,8 @@ needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | binary_id(kok-testenv::dev_env)
   | binary_id(kok-testenv::node_runtime)
   | test(the_example_package_versions_are_what_the_script_prints)
-  | test(a_tenants_huge_snapshot_manifest_is_refused_unread_and_others_converge)'
+  | test(a_tenants_huge_snapshot_manifest_is_refused_unread_and_others_converge)
+  | binary_id(kube-on-kube-operator::backup_fairness)'
 
 # KOK_TEST_CPU=1: each test runs under scripts/test-cpu.py, which adds up
 # the CPU time of its whole process tree; the table then has a CPU-s column.

@@ -58,6 +58,9 @@ pub struct Context {
     /// Snapshot attempts under way, per namespace (see
     /// [`BACKUPS_PER_NAMESPACE`]).
     pub backup_slots: KeySlots,
+    /// Clusters whose restore (or rebuild) from a snapshot was refused: the
+    /// storage is asked again after a backoff, not on every wake-up.
+    pub restore_backoff: Backoff<()>,
 }
 
 impl Context {
@@ -73,9 +76,15 @@ impl Context {
             applied: Applied::default(),
             addon_waits: AddonWaits::default(),
             backup_slots: KeySlots::new(BACKUPS_PER_NAMESPACE),
+            restore_backoff: Backoff::new(RESTORE_RETRY_FIRST, RESTORE_RETRY_MAX),
         }
     }
 }
+
+/// The first wait after a refused restore; it doubles up to
+/// [`RESTORE_RETRY_MAX`].
+const RESTORE_RETRY_FIRST: Duration = Duration::from_secs(30);
+const RESTORE_RETRY_MAX: Duration = Duration::from_secs(600);
 
 /// What one pass of a Cluster has read and settled before its steps run,
 /// handed to each step whole instead of part by part.

@@ -149,8 +149,17 @@ pub async fn prepare(
     if recorded.is_some_and(|r| r.identity_restored) {
         return Ok(None);
     }
+    // A refusal is asked about again after its backoff, whatever wakes the
+    // Cluster before (its own condition written, say); a change of its spec
+    // is tried at once.
+    let key = names.key();
+    let generation = cluster.metadata.generation;
+    if let Some((wait, ())) = ctx.restore_backoff.waiting(&key, generation) {
+        return Ok(Some(Action::requeue(wait)));
+    }
     match identity(ctx, cluster, names, from, recorded).await {
         Ok(restore) => {
+            ctx.restore_backoff.succeeded(&key);
             let message = format!(
                 "identity restored from snapshot {} (revision {}); the members start on its data",
                 restore.snapshot, restore.revision
@@ -188,7 +197,7 @@ pub async fn prepare(
             Ok(Some(Action::requeue(Duration::from_secs(5))))
         }
         Err(failure) => {
-            let wait = retry_after(failing_since(cluster), Timestamp::now());
+            let ((), wait) = ctx.restore_backoff.failed(&key, generation, |_, _| ());
             tracing::warn!(cluster = %names.cluster, reason = %failure.reason, message = %failure.message, retry_in = ?wait, "restore refused");
             say(
                 ctx,
@@ -208,31 +217,6 @@ pub async fn prepare(
             Ok(Some(Action::requeue(wait)))
         }
     }
-}
-
-/// When the Cluster's restore began to fail: its `Restored=False`
-/// condition's last transition.
-fn failing_since(cluster: &Cluster) -> Option<Timestamp> {
-    cluster
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == RESTORED && c.status == "False")
-        .map(|c| c.last_transition_time.0)
-}
-
-/// How long a refused restore waits before it is tried again: as long as
-/// it has been failing (so the waits double), from 30 s to 10 minutes. A
-/// restore that cannot be (a wrong key, a snapshot that is not there) is
-/// looked at a few times an hour, not twice a minute.
-fn retry_after(failing_since: Option<Timestamp>, now: Timestamp) -> Duration {
-    const FIRST: Duration = Duration::from_secs(30);
-    const LONGEST: Duration = Duration::from_secs(600);
-    failing_since
-        .and_then(|since| Duration::try_from(since.duration_until(now)).ok())
-        .unwrap_or(FIRST)
-        .clamp(FIRST, LONGEST)
 }
 
 /// The identity of the snapshot `manifest` describes, opened with `key`,
@@ -438,6 +422,14 @@ pub async fn recover(
         return Ok(Some(Action::requeue(Duration::from_secs(30))));
     }
     let wanted = asked.map_or("latest", String::as_str);
+    // A snapshot refused is asked about again after its backoff (its data
+    // may have been read through to find it damaged); another snapshot
+    // named, or another spec, at once.
+    let backoff_key = format!("{}#rebuild:{wanted}", names.key());
+    let generation = cluster.metadata.generation;
+    if let Some((wait, ())) = ctx.restore_backoff.waiting(&backoff_key, generation) {
+        return Ok(Some(Action::requeue(wait)));
+    }
     // Only from a snapshot whose identity opens with the Cluster's key and
     // vouches for its data, and whose data reads through.
     let chosen = async {
@@ -451,9 +443,14 @@ pub async fn recover(
     }
     .await;
     let manifest = match chosen {
-        Ok(m) => m,
+        Ok(m) => {
+            ctx.restore_backoff.succeeded(&backoff_key);
+            m
+        }
         Err(failure) => {
-            let wait = retry_after(failing_since(cluster), Timestamp::now());
+            let ((), wait) = ctx
+                .restore_backoff
+                .failed(&backoff_key, generation, |_, _| ());
             let message = format!(
                 "{lost_message}; no snapshot to rebuild it from: {}",
                 failure.message
@@ -647,18 +644,5 @@ mod tests {
         assert_eq!(minor("v1.35.4"), Some(35));
         assert_eq!(minor("1.36"), Some(36));
         assert_eq!(minor("garbage"), None);
-    }
-
-    #[test]
-    fn a_refused_restore_waits_as_long_as_it_has_failed_from_30_s_to_10_minutes() {
-        let now: Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
-        let since = |s: &str| Some(s.parse::<Timestamp>().unwrap());
-        let secs = |d: Duration| d.as_secs();
-        assert_eq!(secs(retry_after(None, now)), 30);
-        assert_eq!(secs(retry_after(since("2026-01-01T00:59:50Z"), now)), 30);
-        assert_eq!(secs(retry_after(since("2026-01-01T00:58:00Z"), now)), 120);
-        assert_eq!(secs(retry_after(since("2026-01-01T00:00:00Z"), now)), 600);
-        // A clock that went back does not make it hurry.
-        assert_eq!(secs(retry_after(since("2026-01-01T02:00:00Z"), now)), 30);
     }
 }

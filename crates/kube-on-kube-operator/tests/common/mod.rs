@@ -93,13 +93,18 @@ pub async fn start_operator_pod(client: &Client, ns: &str, node: &str) {
 /// Run the operator's binary as Pod `operator` watching `ns`, with `extra`
 /// flags.
 pub async fn start_operator_pod_with(client: &Client, ns: &str, node: &str, extra: &[String]) {
+    let mut args = vec![format!("--namespace={ns}")];
+    args.extend_from_slice(extra);
+    start_operator_pod_args(client, ns, node, &args).await;
+}
+
+/// Run the operator's binary as Pod `operator` in `ns` with `args` (no
+/// `--namespace` among them: it watches every namespace).
+pub async fn start_operator_pod_args(client: &Client, ns: &str, node: &str, args: &[String]) {
     // The operator's own decisions at debug: its log is what explains a
     // failed test.
-    let mut args = vec![
-        format!("--namespace={ns}"),
-        "--log-level=info,kube_on_kube_operator=debug".to_string(),
-    ];
-    args.extend_from_slice(extra);
+    let mut args = args.to_vec();
+    args.push("--log-level=info,kube_on_kube_operator=debug".to_string());
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "operator"},
         "spec": {
