@@ -13,6 +13,8 @@
 # the ginkgo CLI of the version that release requires, which runs it in
 # parallel as Sonobuoy does. With --kubeadm it also builds kubeadm of the pinned
 # release, which `kok-bench cluster` runs as the peer of a Cluster with nodes.
+# It also builds this repository's KMS v2 plugin for the tests
+# (tools/kms-plugin, on k8s.io/kms), again whenever its sources change.
 #
 # Idempotent: when every binary for the pinned versions is already in the cache,
 # it prints the directory and exits without building.
@@ -56,9 +58,16 @@ for arg in "$@"; do
   esac
 done
 
+# The tests' KMS v2 plugin, a program of this repository: built again when
+# its sources change (their hash beside it).
+kms_src="$(cd "$(dirname "$0")/.." && pwd)/tools/kms-plugin"
+kms_stamp=$(cat "$kms_src/go.mod" "$kms_src/go.sum" "$kms_src"/*.go | sha256sum | cut -c1-16)
+kms_built() { [ -x "$bin/kms-plugin" ] && [ "$(cat "$bin/kms-plugin.source" 2>/dev/null)" = "$kms_stamp" ]; }
+
 have_all() {
   local b
   for b in "${wanted[@]}"; do [ -x "$bin/$b" ] || return 1; done
+  kms_built
 }
 
 if have_all; then
@@ -251,6 +260,11 @@ build_kubernetes "$K8S_FROM_VERSION" "-$K8S_FROM_VERSION" kube-apiserver kube-co
 [ $kubelet_next = no ] || build_kubernetes "$KUBELET_NEXT_VERSION" "-$KUBELET_NEXT_VERSION" kubelet
 [ $e2e = no ] || build_e2e "$K8S_VERSION"
 [ $kubeadm = no ] || build_kubernetes "$K8S_VERSION" "" kubeadm
+if ! kms_built; then
+  log "building kms-plugin (tools/kms-plugin)"
+  (cd "$kms_src" && go build -trimpath -ldflags "-s -w" -o "$bin/kms-plugin.tmp" . && mv "$bin/kms-plugin.tmp" "$bin/kms-plugin")
+  echo "$kms_stamp" >"$bin/kms-plugin.source"
+fi
 
 have_all || { echo "some binaries are missing in $bin" >&2; exit 1; }
 took=$(( $(date +%s) - start ))

@@ -12,7 +12,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::shared::{DNS_SUBDOMAIN_PATTERN, DURATION_PATTERN, VERSION_PATTERN};
+use crate::shared::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, DURATION_PATTERN, VERSION_PATTERN};
 
 /// The desired control plane of one business cluster.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -431,8 +431,11 @@ pub struct EtcdVolumeSource {
 }
 
 /// kube-apiserver settings.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(oldSelf.kms) || (has(self.kms) && self.kms.name == oldSelf.kms.name)").message("apiServer.kms cannot be removed or renamed once set: the Secrets written under it are read only through it")
+)]
 pub struct ApiServerSpec {
     /// Image, version, flags and resources.
     #[serde(flatten)]
@@ -451,6 +454,37 @@ pub struct ApiServerSpec {
     /// authentication configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authentication: Option<AuthenticationSpec>,
+    /// A KMS v2 plugin that encrypts the business cluster's Secrets at rest
+    /// instead of the operator's own key (which then only reads what it
+    /// wrote before). Set once, it stays: what it encrypted is read only
+    /// through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kms: Option<KmsPlugin>,
+}
+
+/// A KMS v2 plugin run beside each kube-apiserver, as a container of its
+/// Pod, serving kube-apiserver on a Unix socket in a volume they share.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KmsPlugin {
+    /// The provider's name in kube-apiserver's encryption configuration,
+    /// stored with every value it encrypts (`k8s:enc:kms:v2:<name>:`).
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: String,
+    /// The plugin's image (within the operator's `--allowed-image-prefixes`).
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// The plugin's arguments. It must serve the socket
+    /// `/var/run/kmsplugin/socket.sock` (also in `$(KMS_SOCKET)`, which
+    /// arguments may name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub args: Vec<String>,
+    /// A Secret of the Cluster's namespace mounted read-only at `/etc/kms`
+    /// (the plugin's credentials or configuration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub config_secret: Option<String>,
 }
 
 /// kube-apiserver's audit logging.

@@ -54,6 +54,31 @@ fn to_jiff(t: OffsetDateTime) -> Timestamp {
     Timestamp::from_second(t.unix_timestamp()).unwrap_or(Timestamp::UNIX_EPOCH)
 }
 
+/// The Secret of kube-apiserver's encryption configuration with the
+/// Cluster's KMS v2 plugin first, then the keys of its encryption Secret;
+/// None without a plugin, or while that Secret holds no readable keys (the
+/// PKI step holds it and says so).
+fn kms_secret(
+    cluster: &Cluster,
+    names: &Names,
+    secrets: &BTreeMap<String, Secret>,
+) -> Option<Secret> {
+    use crate::pki::encryption::{CONFIG, kms_config, stored};
+    let kms = cluster.spec.api_server.kms.as_ref()?;
+    let ring = stored(secrets.get(&names.encryption_secret())?)?;
+    Some(crate::pki::secrets::owned_secret(
+        cluster,
+        names,
+        &names.encryption_kms_secret(),
+        "Opaque",
+        [(
+            CONFIG.to_string(),
+            k8s_openapi::ByteString(kms_config(&ring, &kms.name).into_bytes()),
+        )]
+        .into(),
+    ))
+}
+
 /// The URL users and kubelets reach the business API at.
 fn external_url(cluster: &Cluster, names: &Names, external: Option<&Service>) -> String {
     let spec = &cluster.spec.api_server.external;
@@ -527,6 +552,19 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
             }
         }
     };
+    let mut all_secrets = all_secrets;
+    if let Some(secret) = kms_secret(&cluster, &names, &all_secrets) {
+        let written = apply_if_changed(
+            &ctx,
+            &names,
+            &secrets_api,
+            &secret,
+            &all_secrets,
+            resource_version,
+        )
+        .await?;
+        all_secrets.insert(names.encryption_kms_secret(), written);
+    }
     let certificates_held = held_condition(&held);
     if let Some(error) = &certificates_error {
         publish(

@@ -108,7 +108,7 @@ pub async fn reconcile(inputs: &Inputs<'_>) -> Result<Option<Duration>, Error> {
         ..
     } = *inputs;
     let name = names.encryption_secret();
-    let Some(ring) = stored_ring(secrets.get(&name)) else {
+    let Some(ring) = secrets.get(&name).and_then(encryption::stored) else {
         // Missing or unreadable: the PKI step holds it and says so.
         return Ok(None);
     };
@@ -252,16 +252,6 @@ fn progress(ring: &Ring, before: &KeyRotationStatus) -> KeyRotationStatus {
         to: to.fingerprint(),
         ..before.clone()
     }
-}
-
-/// The ring a Secret holds, if it holds a readable one.
-fn stored_ring(secret: Option<&Secret>) -> Option<Ring> {
-    let data = secret?.data.as_ref()?;
-    let text = |k: &str| {
-        data.get(k)
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    Ring::parse(&text(encryption::KEY)?, &text(encryption::CONFIG)?).ok()
 }
 
 async fn write_ring(

@@ -84,6 +84,12 @@ impl Names {
     pub fn encryption_secret(&self) -> String {
         self.prefixed("encryption")
     }
+    /// Secret holding kube-apiserver's encryption configuration with the
+    /// Cluster's KMS v2 plugin first (`spec.apiServer.kms`), under
+    /// [`ENCRYPTION_CONFIG_KEY`].
+    pub fn encryption_kms_secret(&self) -> String {
+        self.prefixed("encryption-kms")
+    }
     /// Secret (type `kubernetes.io/tls`, plus `ca.crt`) of the leaf certificate
     /// `cert`, for example `apiserver-tls` or `etcd-0-peer`.
     pub fn cert_secret(&self, cert: &str) -> String {

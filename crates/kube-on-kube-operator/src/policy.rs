@@ -391,6 +391,11 @@ pub fn check(cluster: &Cluster, config: &Config, resolved: &Resolved) -> Vec<Ref
             refusals.push(image_refusal(field.into(), &wanted.image));
         }
     }
+    if let Some(kms) = &spec.api_server.kms
+        && !image_allowed(&kms.image, config)
+    {
+        refusals.push(image_refusal("spec.apiServer.kms.image".into(), &kms.image));
+    }
     // `serverImage`: the konnectivity add-on's server, run in the
     // meta-cluster beside kube-apiserver.
     for addon in spec.addons.iter().filter(|a| a.enabled) {
@@ -617,6 +622,10 @@ mod tests {
         c.spec.api_server.component.image = Some("evil.io/apiserver:1".into());
         c.spec.controller_manager.image = Some("registry.k8s.io/kube-controller-manager:v1".into());
         c.spec.scheduler.image = Some("evil.io/scheduler:1".into());
+        c.spec.api_server.kms = Some(
+            serde_json::from_value(serde_json::json!({"name": "k", "image": "evil.io/kms:1"}))
+                .expect("kms"),
+        );
         c.spec.addons = serde_json::from_value(serde_json::json!([
             {"name": "node-operator", "version": "0.1.0", "values": {"image": "evil.io/no:1"}},
             {"name": "coredns", "version": "1.12.1", "values": {"image": {"not": "a string"}}},
@@ -641,6 +650,7 @@ mod tests {
                 "spec.etcd.image",
                 "spec.apiServer.image",
                 "spec.scheduler.image",
+                "spec.apiServer.kms.image",
                 "spec.addons[node-operator].values.image",
                 "spec.addons[coredns].values.image",
                 "spec.addons[konnectivity].values.serverImage",

@@ -57,6 +57,11 @@ fn runner() -> &'static PodRunner {
                 programs: [
                     ("kube-on-kube-operator".to_string(), operator.into()),
                     ("node-operator".to_string(), node_operator_binary()),
+                    // The KMS v2 plugin a Cluster may run beside kube-apiserver.
+                    (
+                        "kms-plugin".to_string(),
+                        kok_testenv::bins::bin("kms-plugin").expect("kms-plugin"),
+                    ),
                 ]
                 .into(),
                 // The meta-cluster's load balancer, for the external
@@ -1053,6 +1058,114 @@ async fn a_key_rotation_writes_every_secret_again_under_a_new_key() {
         .and_then(|d| d.get("value").cloned())
         .expect("marker value");
     assert_eq!(value.0, MARKER.as_bytes());
+
+    delete_and_stop_operator(&client, &ns, &name).await;
+}
+
+/// A Cluster with a KMS v2 plugin (`spec.apiServer.kms`, this
+/// repository's plugin on k8s.io/kms, run by the real kube-apiserver over
+/// its socket): every Secret etcd holds is stored under the plugin
+/// (`k8s:enc:kms:v2:<name>:`), none in clear, and reads back through it;
+/// the API server refuses removing the plugin (what it encrypted is read
+/// only through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kms_plugin_encrypts_the_clusters_secrets() {
+    const MARKER: &str = "kok-kms-marker-31d2";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let runner = runner();
+    let env = KubeEnv::shared();
+    let client = env.client().await;
+    let ns = env.namespace("kms").await;
+    grant_operator(&client, &ns).await;
+    common::start_operator_pod_with(
+        &client,
+        &ns,
+        &runner.nodes()[0],
+        &["--allowed-image-prefixes=kms-plugin".into()],
+    )
+    .await;
+    let key_b64 = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode([9u8; 32])
+    };
+    let key: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kms-key"},
+        "data": {"key": key_b64},
+    }))
+    .expect("Secret");
+    Api::<Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &key)
+        .await
+        .expect("the plugin's key");
+    let mut cluster = minimal_inside(&ns);
+    cluster.spec.api_server.kms = Some(
+        serde_json::from_value(serde_json::json!({
+            "name": "testkms",
+            "image": "kms-plugin:v1",
+            "args": ["--listen=$(KMS_SOCKET)", "--key-file=/etc/kms/key"],
+            "configSecret": "kms-key",
+        }))
+        .expect("kms"),
+    );
+    let name = cluster.name_any();
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("create cluster");
+    ready_cluster(&clusters, &name, None).await;
+    let business = common::business_client(&client, &ns, &name).await;
+    let marker: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "marker"},
+        "stringData": {"value": MARKER},
+    }))
+    .expect("Secret");
+    let secrets = Api::<Secret>::namespaced(business, "default");
+    secrets
+        .create(&PostParams::default(), &marker)
+        .await
+        .expect("marker Secret");
+    let etcd = common::Etcdctl::new(&client, &ns, &name).await;
+    let endpoints = common::member_endpoints(&client, &ns, &name).await;
+    let stored = stored_secrets(&etcd, &endpoints);
+    assert!(
+        stored.iter().any(|(k, _)| k.ends_with("/default/marker")),
+        "the marker is stored"
+    );
+    for (key, value) in &stored {
+        assert!(
+            value.starts_with(b"k8s:enc:kms:v2:testkms:"),
+            "{key} is not under the plugin: {:?}",
+            String::from_utf8_lossy(&value[..value.len().min(40)])
+        );
+        assert!(
+            !value.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+            "{key} holds the marker in clear"
+        );
+    }
+    let read = secrets.get("marker").await.expect("read the marker");
+    assert_eq!(
+        read.data
+            .and_then(|d| d.get("value").cloned())
+            .expect("value")
+            .0,
+        MARKER.as_bytes()
+    );
+    // The plugin stays: removing it is refused by the API server.
+    let refused = clusters
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"apiServer": {"kms": null}}})),
+        )
+        .await
+        .expect_err("removing the plugin");
+    assert!(
+        refused
+            .to_string()
+            .contains("apiServer.kms cannot be removed"),
+        "{refused}"
+    );
 
     delete_and_stop_operator(&client, &ns, &name).await;
 }

@@ -249,7 +249,10 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
     let plan = upgrade::plan(&inputs);
     let apply_one = async |component: Component| -> Result<Deployment, Error> {
         let image = plan.image(component).unwrap_or_default();
-        let mounted = mounted_secrets(names, component, konnectivity.is_some());
+        let mut mounted = mounted_secrets(names, component, konnectivity.is_some());
+        if component == Component::ApiServer && cluster.spec.api_server.kms.is_some() {
+            mounted.push(names.encryption_kms_secret());
+        }
         let mut hash = hash_of(secrets, &mounted, image);
         // A CA or key Secret that is held (missing or changed) would change
         // the hash and roll the component onto it: the running Pods keep

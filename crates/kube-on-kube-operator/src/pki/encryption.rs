@@ -184,6 +184,34 @@ resources:
     }
 }
 
+/// Where kube-apiserver and its KMS v2 plugin share the plugin's socket.
+pub const KMS_SOCKET_DIR: &str = "/var/run/kmsplugin";
+/// The socket in it.
+pub const KMS_SOCKET: &str = "/var/run/kmsplugin/socket.sock";
+
+/// kube-apiserver's configuration with the KMS v2 plugin `name` first (it
+/// encrypts), then the ring's keys and `identity` (they read what was
+/// written before).
+pub fn kms_config(ring: &Ring, name: &str) -> String {
+    ring.config().replacen(
+        "  providers:\n",
+        &format!(
+            "  providers:\n  - kms:\n      apiVersion: v2\n      name: {name}\n      endpoint: unix://{KMS_SOCKET}\n      timeout: 3s\n"
+        ),
+        1,
+    )
+}
+
+/// The ring an encryption Secret holds, if it holds a readable one.
+pub fn stored(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Ring> {
+    let data = secret.data.as_ref()?;
+    let text = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    Ring::parse(&text(KEY)?, &text(CONFIG)?).ok()
+}
+
 /// `N` of a key name `key<N>` (N ≥ 1).
 fn key_number(name: &str) -> Option<u32> {
     let n: u32 = name.strip_prefix("key")?.parse().ok()?;
@@ -329,6 +357,23 @@ mod tests {
         assert_eq!(done.first().name, "key2");
         // The next rotation numbers on.
         assert_eq!(done.with_new_key().unwrap().keys[1].name, "key3");
+    }
+
+    #[test]
+    fn a_kms_plugin_encrypts_first_and_the_keys_still_read() {
+        let (key, config_text, _) = new_key().unwrap();
+        let ring = Ring::parse(&key, &config_text).unwrap();
+        let text = kms_config(&ring, "vault");
+        let kms = text.find("- kms:").unwrap();
+        let secretbox = text.find("- secretbox:").unwrap();
+        let identity = text.find("- identity:").unwrap();
+        assert!(kms < secretbox && secretbox < identity, "{text}");
+        assert!(
+            text.contains("name: vault\n      endpoint: unix:///var/run/kmsplugin/socket.sock")
+        );
+        assert!(text.contains("apiVersion: v2") && text.contains(&key));
+        // It is no ring the operator keeps in the encryption Secret.
+        assert!(check(&key, &text).is_err());
     }
 
     #[test]

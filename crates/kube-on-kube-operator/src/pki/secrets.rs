@@ -158,12 +158,7 @@ fn stored(
 
 /// The key ring of the encryption Secret `name`, when it holds one.
 fn encryption_ring(inputs: &Inputs<'_>, name: &str) -> Option<pki::encryption::Ring> {
-    let secret = inputs.existing.get(name)?;
-    pki::encryption::Ring::parse(
-        &data(secret, pki::encryption::KEY)?,
-        &data(secret, pki::encryption::CONFIG)?,
-    )
-    .ok()
+    pki::encryption::stored(inputs.existing.get(name)?)
 }
 
 /// Decide one authority or key; a new one is made with `make`. The key

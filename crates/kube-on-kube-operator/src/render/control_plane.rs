@@ -10,9 +10,9 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodAffinityTerm,
-    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, Secret,
-    SecretProjection, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeProjection, WeightedPodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements,
+    Secret, SecretProjection, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeProjection, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -453,6 +453,7 @@ pub fn apiserver(
             pod.config_hash,
         );
         with_audit(&mut deployment, cluster, names);
+        with_kms(&mut deployment, cluster, names);
         return deployment;
     };
     let mut container = container;
@@ -493,7 +494,99 @@ pub fn apiserver(
             .push(konnectivity_server(cluster, konnectivity));
     }
     with_audit(&mut deployment, cluster, names);
+    with_kms(&mut deployment, cluster, names);
     deployment
+}
+
+/// The KMS v2 plugin's container in kube-apiserver's Pod.
+pub const KMS_CONTAINER: &str = "kms-plugin";
+/// Where the plugin finds the Secret `spec.apiServer.kms.configSecret`.
+const KMS_CONFIG_DIR: &str = "/etc/kms";
+
+/// The Cluster's KMS v2 plugin beside kube-apiserver: the socket they
+/// share (an emptyDir), the plugin's container, and kube-apiserver's
+/// encryption configuration read from the Secret that names the plugin
+/// first ([`Names::encryption_kms_secret`]) instead of the one of the
+/// operator's keys alone.
+fn with_kms(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
+    use crate::pki::encryption::{KMS_SOCKET, KMS_SOCKET_DIR};
+    let Some(kms) = &cluster.spec.api_server.kms else {
+        return;
+    };
+    let Some(pod) = deployment
+        .spec
+        .as_mut()
+        .and_then(|d| d.template.spec.as_mut())
+    else {
+        return;
+    };
+    let socket = || VolumeMount {
+        read_only: None,
+        ..mount("kms-socket", KMS_SOCKET_DIR)
+    };
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    volumes.push(Volume {
+        name: "kms-socket".into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    });
+    let mut mounts = vec![socket()];
+    if let Some(secret) = &kms.config_secret {
+        volumes.push(Volume {
+            name: "kms-config".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                default_mode: Some(0o400),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("kms-config", KMS_CONFIG_DIR));
+    }
+    // The encryption configuration from the Secret with the plugin first.
+    for source in volumes
+        .iter_mut()
+        .filter(|v| v.name == "pki")
+        .filter_map(|v| v.projected.as_mut())
+        .flat_map(|p| p.sources.iter_mut().flatten())
+        .filter_map(|s| s.secret.as_mut())
+        .filter(|s| s.name == names.encryption_secret())
+    {
+        source.name = names.encryption_kms_secret();
+    }
+    if let Some(apiserver) = pod
+        .containers
+        .iter_mut()
+        .find(|c| c.name == "kube-apiserver")
+    {
+        apiserver
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(socket());
+    }
+    pod.containers.push(Container {
+        name: KMS_CONTAINER.into(),
+        image: Some(kms.image.clone()),
+        args: (!kms.args.is_empty()).then(|| kms.args.clone()),
+        env: Some(vec![EnvVar {
+            name: "KMS_SOCKET".into(),
+            value: Some(KMS_SOCKET.into()),
+            ..Default::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [
+                    ("cpu".to_string(), Quantity("10m".into())),
+                    ("memory".to_string(), Quantity("32Mi".into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        }),
+        security_context: Some(super::restricted()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    });
 }
 
 /// Where each kube-apiserver Pod reads its audit policy and webhook
@@ -1081,6 +1174,83 @@ mod tests {
             config_hash: "h",
         };
         apiserver(c, n, &inputs, advertise, konnectivity)
+    }
+
+    #[test]
+    fn a_kms_plugin_runs_beside_kube_apiserver_on_a_shared_socket() {
+        let mut c = cluster(ClusterMode::Production);
+        c.spec.api_server.kms = Some(
+            serde_json::from_value(serde_json::json!({
+                "name": "vault",
+                "image": "example.test/kms:v1",
+                "args": ["--listen=$(KMS_SOCKET)"],
+                "configSecret": "vault-token",
+            }))
+            .expect("kms"),
+        );
+        let n = Names::new(&c, "cluster.local");
+        let konnectivity = Konnectivity {
+            server_image: "konnectivity-server:v0.34.0".into(),
+            server_port: 8132,
+        };
+        for d in [
+            apiserver_with(&c, &n, None, None),
+            apiserver_with(&c, &n, None, Some(&konnectivity)),
+        ] {
+            let pod = d.spec.and_then(|s| s.template.spec).expect("pod");
+            let plugin = pod
+                .containers
+                .iter()
+                .find(|c| c.name == KMS_CONTAINER)
+                .expect("the plugin's container");
+            assert_eq!(plugin.image.as_deref(), Some("example.test/kms:v1"));
+            assert_eq!(
+                plugin.args,
+                Some(vec!["--listen=$(KMS_SOCKET)".to_string()])
+            );
+            let mounts = |c: &Container| {
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .map(|m| (m.name.clone(), m.mount_path.clone()))
+                    .collect::<Vec<_>>()
+            };
+            let socket = ("kms-socket".to_string(), "/var/run/kmsplugin".to_string());
+            assert!(mounts(plugin).contains(&socket));
+            assert!(mounts(plugin).contains(&("kms-config".into(), "/etc/kms".into())));
+            assert!(
+                mounts(&pod.containers[0]).contains(&socket),
+                "kube-apiserver shares it"
+            );
+            assert!(
+                plugin
+                    .security_context
+                    .as_ref()
+                    .is_some_and(|s| s.allow_privilege_escalation == Some(false))
+            );
+            // The encryption configuration from the Secret naming the plugin.
+            let projected: Vec<String> = pod
+                .volumes
+                .iter()
+                .flatten()
+                .filter(|v| v.name == "pki")
+                .filter_map(|v| v.projected.clone())
+                .flat_map(|p| p.sources.into_iter().flatten())
+                .filter_map(|s| s.secret.map(|s| s.name))
+                .collect();
+            assert!(
+                projected.contains(&n.encryption_kms_secret()),
+                "{projected:?}"
+            );
+            assert!(!projected.contains(&n.encryption_secret()), "{projected:?}");
+        }
+        // Without a plugin: none of it.
+        c.spec.api_server.kms = None;
+        let pod = apiserver_with(&c, &n, None, None)
+            .spec
+            .and_then(|s| s.template.spec)
+            .expect("pod");
+        assert!(pod.containers.iter().all(|c| c.name != KMS_CONTAINER));
     }
 
     #[test]
