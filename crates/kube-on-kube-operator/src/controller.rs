@@ -598,13 +598,11 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     };
     let etcd_report = crate::etcd::reconcile(&pass).await?;
     let etcd_pods = etcd_report.pods.clone();
-    crate::backup::restore::finish(
-        &ctx,
-        &cluster,
-        &names,
-        etcd_report.settled && etcd_report.ready == etcd_report.desired,
-    )
-    .await?;
+    // The restored member serves: recorded before kube-apiserver, the first
+    // to write, is made in this pass below, so a member Pod made again
+    // afterwards starts on its own data (which holds every write) rather
+    // than on the snapshot again.
+    crate::backup::restore::finish(&ctx, &cluster, &names, etcd_report.ready > 0).await?;
 
     // kube-apiserver's configuration files, before the Pods that mount
     // them: its authentication configuration (with the tenant's JWT

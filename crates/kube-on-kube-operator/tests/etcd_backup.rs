@@ -504,6 +504,28 @@ async fn snapshots_follow_the_schedule_and_retention_restore_into_a_new_cluster_
         condition_of(&rs, "Restored")
     );
     assert!(etcd_converged(&rs, 3), "{:?}", reported_members(&rs));
+    // The data was recorded as restored before kube-apiserver, the first
+    // to write to it, was made: a member Pod made again afterwards keeps
+    // what was written instead of restoring the snapshot over it.
+    let restored_at = rs
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Restored"))
+        .map(|c| c.last_transition_time.0)
+        .expect("Restored");
+    let apiserver_made =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &ns2)
+            .get("rs-apiserver")
+            .await
+            .expect("kube-apiserver")
+            .metadata
+            .creation_timestamp
+            .expect("created")
+            .0;
+    assert!(
+        restored_at <= apiserver_made,
+        "Restored at {restored_at}, kube-apiserver made at {apiserver_made}"
+    );
     let restore = rs.status.clone().expect("status").restore.expect("restore");
     assert_eq!(restore.snapshot, source, "latest is the one just taken");
     // Same identity: the CAs and service-account key are the first

@@ -34,12 +34,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::load_balancer::wait_for_ingress;
-use kok_testenv::pods::{Options, PodRunner, RUNNER_LABEL};
+use kok_testenv::pods::{Options, PodRunner};
 use kok_testenv::wait::wait_for;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::{ClusterPhase, ExposureType, ExtraUser, Placement};
+use kube_on_kube_api::cluster::{ClusterPhase, ExtraUser};
 use serde_json::Value;
 
 /// The label the Production example's placement selects.
@@ -57,11 +57,6 @@ fn runner() -> &'static PodRunner {
                 programs: [
                     ("kube-on-kube-operator".to_string(), operator.into()),
                     ("node-operator".to_string(), node_operator_binary()),
-                    // The KMS v2 plugin a Cluster may run beside kube-apiserver.
-                    (
-                        "kms-plugin".to_string(),
-                        kok_testenv::bins::bin("kms-plugin").expect("kms-plugin"),
-                    ),
                 ]
                 .into(),
                 // The meta-cluster's load balancer, for the external
@@ -430,7 +425,7 @@ async fn example_becomes_a_working_kubernetes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minimal_example_becomes_a_working_kubernetes() {
-    let mut cluster = minimal_on_runner();
+    let mut cluster = common::minimal_on_runner();
     cluster.spec.extra_users = vec![ExtraUser {
         name: "sre".into(),
         groups: vec!["system:masters".into(), "sre".into()],
@@ -473,20 +468,6 @@ async fn production_example_becomes_a_working_kubernetes() {
     .await;
 }
 
-/// Every condition of Cluster `name` True, with `endpoint` when given.
-async fn ready_cluster(clusters: &Api<Cluster>, name: &str, endpoint: Option<&str>) -> Cluster {
-    wait_for(
-        &format!("{name} to be Ready at {endpoint:?}"),
-        Duration::from_secs(300),
-        async || {
-            let c = clusters.get(name).await.ok()?;
-            let at = c.status.as_ref()?.endpoint.as_deref();
-            (endpoint.is_none_or(|e| at == Some(e)) && common::all_ready(&c)).then_some(c)
-        },
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -497,7 +478,7 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
     grant_operator(&client, &ns).await;
     start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
     // Inside the meta-cluster only at first (the example has a LoadBalancer).
-    let cluster = minimal_inside(&ns);
+    let cluster = common::minimal_inside(&ns);
     let name = cluster.name_any();
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
@@ -514,7 +495,7 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
         .expect("create cluster");
     // Running inside the meta-cluster first (ClusterIP): nothing to
     // advertise.
-    ready_cluster(&clusters, &name, None).await;
+    common::ready_cluster(&clusters, &name, None).await;
     let before = deployments
         .get(&format!("{name}-apiserver"))
         .await
@@ -545,7 +526,7 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
     )
     .await;
     let endpoint = format!("https://{ip}:6443");
-    let ready = ready_cluster(&clusters, &name, Some(&endpoint)).await;
+    let ready = common::ready_cluster(&clusters, &name, Some(&endpoint)).await;
     println!(
         "{name}: Ready at {endpoint} {:?} after the change",
         exposed.elapsed()
@@ -624,7 +605,7 @@ async fn a_cluster_behind_a_load_balancer_advertises_its_address() {
         .expect("kube-apiserver Deployment");
     assert_eq!(last.metadata.generation, after.metadata.generation);
 
-    delete_and_stop_operator(&client, &ns, &name).await;
+    common::delete_and_stop_operator(&client, &ns, &name).await;
 }
 
 /// A Cluster with audit (the default policy, to a log file and a webhook)
@@ -707,7 +688,7 @@ current-context: sink
         .await
         .expect("webhook Secret");
 
-    let mut cluster = minimal_inside(&ns);
+    let mut cluster = common::minimal_inside(&ns);
     cluster.spec.api_server.audit = Some(
         serde_json::from_value(serde_json::json!({
             "log": {"maxSizeMB": 10, "maxBackups": 1},
@@ -724,7 +705,7 @@ current-context: sink
         .create(&PostParams::default(), &cluster)
         .await
         .expect("create cluster");
-    let ready = ready_cluster(&clusters, &name, None).await;
+    let ready = common::ready_cluster(&clusters, &name, None).await;
     let ip = ready_ips(&client, &ns, &name, "apiserver")
         .await
         .into_iter()
@@ -871,303 +852,7 @@ current-context: sink
         "kube-apiserver rolled onto a refused configuration"
     );
 
-    delete_and_stop_operator(&client, &ns, &name).await;
-}
-
-/// What etcd stores under `/registry/secrets/`: (key, value) of each.
-fn stored_secrets(etcd: &common::Etcdctl, endpoints: &[String]) -> Vec<(String, Vec<u8>)> {
-    use base64::Engine;
-    let b64 = |v: &Value| {
-        base64::engine::general_purpose::STANDARD
-            .decode(v.as_str().unwrap_or_default())
-            .expect("base64 from etcdctl")
-    };
-    let text = etcd
-        .run(
-            endpoints,
-            &["get", "/registry/secrets/", "--prefix", "-w", "json"],
-        )
-        .expect("etcdctl get");
-    let answer: Value = serde_json::from_str(&text).expect("etcdctl json");
-    answer["kvs"]
-        .as_array()
-        .map(|kvs| {
-            kvs.iter()
-                .map(|kv| {
-                    let key = String::from_utf8_lossy(&b64(&kv["key"])).into_owned();
-                    (key, b64(&kv["value"]))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Naming the recorded encryption key in `kubeonkube.io/rotate-encryption-key`
-/// rotates it on a real kube-apiserver and etcd: afterwards every Secret
-/// etcd holds is encrypted under the new key (`key2`), none holds the
-/// marker in clear, the old key is gone from kube-apiserver's
-/// configuration, the new one is recorded, and the business API still
-/// reads the marker (it was written again, not lost). It fails without a
-/// rotation (the Secrets stay under `key1`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_rotation_writes_every_secret_again_under_a_new_key() {
-    const MARKER: &str = "kok-rotation-marker-7c1f";
-    let _one = ONE_AT_A_TIME.lock().await;
-    let runner = runner();
-    let env = KubeEnv::shared();
-    let client = env.client().await;
-    let ns = env.namespace("key-rotation").await;
-    grant_operator(&client, &ns).await;
-    start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
-    let cluster = minimal_inside(&ns);
-    let name = cluster.name_any();
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .expect("create cluster");
-    let ready = ready_cluster(&clusters, &name, None).await;
-    let recorded = |c: &Cluster| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.certificate_authorities.as_ref())
-            .and_then(|a| a.encryption.clone())
-    };
-    let old = recorded(&ready).expect("the encryption key is recorded");
-    let marker: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "marker"},
-        "stringData": {"value": MARKER},
-    }))
-    .expect("Secret");
-    let business = common::business_client(&client, &ns, &name).await;
-    Api::<Secret>::namespaced(business, "default")
-        .create(&PostParams::default(), &marker)
-        .await
-        .expect("marker Secret");
-    let etcd = common::Etcdctl::new(&client, &ns, &name).await;
-    let endpoints = common::member_endpoints(&client, &ns, &name).await;
-    let before = stored_secrets(&etcd, &endpoints);
-    assert!(
-        before
-            .iter()
-            .any(|(key, value)| key.ends_with("/default/marker")
-                && value.starts_with(b"k8s:enc:secretbox:v1:key1:")),
-        "the marker is stored under key1: {:?}",
-        before.iter().map(|(k, _)| k).collect::<Vec<_>>()
-    );
-
-    let started = Instant::now();
-    clusters
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({
-                "metadata": {"annotations": {"kubeonkube.io/rotate-encryption-key": old}}
-            })),
-        )
-        .await
-        .expect("annotate");
-    let mut phases: Vec<String> = Vec::new();
-    let rotated = wait_for(
-        "the rotation to finish",
-        Duration::from_secs(240),
-        async || {
-            let c = clusters.get(&name).await.ok()?;
-            let status = c.status.as_ref()?;
-            if let Some(p) = status
-                .encryption_key_rotation
-                .as_ref()
-                .map(|r| r.phase.clone())
-                && phases.last() != Some(&p)
-            {
-                println!("{:?}: {p}", started.elapsed());
-                phases.push(p);
-            }
-            let new = recorded(&c)?;
-            (new != old && status.encryption_key_rotation.is_none()).then_some(new)
-        },
-    )
-    .await;
-    println!(
-        "key rotation took {:?}, phases seen {phases:?}",
-        started.elapsed()
-    );
-    for reason in [
-        "EncryptionKeyRotationStarted",
-        "EncryptionKeySwitched",
-        "SecretsRewritten",
-        "EncryptionKeyRotated",
-    ] {
-        let notes = common::event_notes(&client, &ns, &name, reason).await;
-        assert!(!notes.is_empty(), "no {reason} Event");
-        println!("{reason}: {notes:?}");
-    }
-
-    // etcd holds every Secret under the new key, none in clear.
-    let endpoints = common::member_endpoints(&client, &ns, &name).await;
-    let after = stored_secrets(&etcd, &endpoints);
-    assert!(
-        after.len() >= before.len(),
-        "{} of {} Secrets",
-        after.len(),
-        before.len()
-    );
-    for (key, value) in &after {
-        assert!(
-            value.starts_with(b"k8s:enc:secretbox:v1:key2:"),
-            "{key} is not under key2: {:?}",
-            String::from_utf8_lossy(&value[..value.len().min(40)])
-        );
-        assert!(
-            !value.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
-            "{key} holds the marker in clear"
-        );
-    }
-    // kube-apiserver's configuration names the new key alone, the one
-    // recorded.
-    let config = String::from_utf8(
-        common::secret_value(
-            &client,
-            &ns,
-            &format!("{name}-encryption"),
-            "encryption-config.yaml",
-        )
-        .await,
-    )
-    .expect("configuration");
-    assert!(
-        config.contains("name: key2") && !config.contains("name: key1"),
-        "{config}"
-    );
-    let key = String::from_utf8(
-        common::secret_value(&client, &ns, &format!("{name}-encryption"), "key").await,
-    )
-    .expect("key");
-    assert!(
-        config.contains(&key),
-        "the recorded key {rotated} is the configured one"
-    );
-    // The marker reads back through the business API.
-    let business = common::business_client(&client, &ns, &name).await;
-    let read = Api::<Secret>::namespaced(business, "default")
-        .get("marker")
-        .await
-        .expect("read the marker");
-    let value = read
-        .data
-        .and_then(|d| d.get("value").cloned())
-        .expect("marker value");
-    assert_eq!(value.0, MARKER.as_bytes());
-
-    delete_and_stop_operator(&client, &ns, &name).await;
-}
-
-/// A Cluster with a KMS v2 plugin (`spec.apiServer.kms`, this
-/// repository's plugin on k8s.io/kms, run by the real kube-apiserver over
-/// its socket): every Secret etcd holds is stored under the plugin
-/// (`k8s:enc:kms:v2:<name>:`), none in clear, and reads back through it;
-/// the API server refuses removing the plugin (what it encrypted is read
-/// only through it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kms_plugin_encrypts_the_clusters_secrets() {
-    const MARKER: &str = "kok-kms-marker-31d2";
-    let _one = ONE_AT_A_TIME.lock().await;
-    let runner = runner();
-    let env = KubeEnv::shared();
-    let client = env.client().await;
-    let ns = env.namespace("kms").await;
-    grant_operator(&client, &ns).await;
-    common::start_operator_pod_with(
-        &client,
-        &ns,
-        &runner.nodes()[0],
-        &["--allowed-image-prefixes=kms-plugin".into()],
-    )
-    .await;
-    let key_b64 = {
-        use base64::Engine;
-        base64::engine::general_purpose::STANDARD.encode([9u8; 32])
-    };
-    let key: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "kms-key"},
-        "data": {"key": key_b64},
-    }))
-    .expect("Secret");
-    Api::<Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &key)
-        .await
-        .expect("the plugin's key");
-    let mut cluster = minimal_inside(&ns);
-    cluster.spec.api_server.kms = Some(
-        serde_json::from_value(serde_json::json!({
-            "name": "testkms",
-            "image": "kms-plugin:v1",
-            "args": ["--listen=$(KMS_SOCKET)", "--key-file=/etc/kms/key"],
-            "configSecret": "kms-key",
-        }))
-        .expect("kms"),
-    );
-    let name = cluster.name_any();
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), &ns);
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .expect("create cluster");
-    ready_cluster(&clusters, &name, None).await;
-    let business = common::business_client(&client, &ns, &name).await;
-    let marker: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "marker"},
-        "stringData": {"value": MARKER},
-    }))
-    .expect("Secret");
-    let secrets = Api::<Secret>::namespaced(business, "default");
-    secrets
-        .create(&PostParams::default(), &marker)
-        .await
-        .expect("marker Secret");
-    let etcd = common::Etcdctl::new(&client, &ns, &name).await;
-    let endpoints = common::member_endpoints(&client, &ns, &name).await;
-    let stored = stored_secrets(&etcd, &endpoints);
-    assert!(
-        stored.iter().any(|(k, _)| k.ends_with("/default/marker")),
-        "the marker is stored"
-    );
-    for (key, value) in &stored {
-        assert!(
-            value.starts_with(b"k8s:enc:kms:v2:testkms:"),
-            "{key} is not under the plugin: {:?}",
-            String::from_utf8_lossy(&value[..value.len().min(40)])
-        );
-        assert!(
-            !value.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
-            "{key} holds the marker in clear"
-        );
-    }
-    let read = secrets.get("marker").await.expect("read the marker");
-    assert_eq!(
-        read.data
-            .and_then(|d| d.get("value").cloned())
-            .expect("value")
-            .0,
-        MARKER.as_bytes()
-    );
-    // The plugin stays: removing it is refused by the API server.
-    let refused = clusters
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"apiServer": {"kms": null}}})),
-        )
-        .await
-        .expect_err("removing the plugin");
-    assert!(
-        refused
-            .to_string()
-            .contains("apiServer.kms cannot be removed"),
-        "{refused}"
-    );
-
-    delete_and_stop_operator(&client, &ns, &name).await;
+    common::delete_and_stop_operator(&client, &ns, &name).await;
 }
 
 /// Files named `file` under `dir`, at any depth.
@@ -1187,42 +872,3 @@ fn find_files(dir: &Path, file: &str) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// Deletes Cluster `name`, waits until it is gone, and stops the operator.
-async fn delete_and_stop_operator(client: &Client, ns: &str, name: &str) {
-    let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
-    clusters
-        .delete(name, &DeleteParams::background())
-        .await
-        .expect("delete");
-    wait_for("the Cluster to go", Duration::from_secs(120), async || {
-        clusters.get_opt(name).await.ok()?.is_none().then_some(())
-    })
-    .await;
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .delete("operator", &DeleteParams::default())
-        .await
-        .expect("stop the operator");
-}
-
-/// The Minimal example on the runner's nodes. The example has no
-/// placement: without one the Pods could land on the meta-cluster's
-/// simulated nodes, where nothing runs.
-fn minimal_on_runner() -> Cluster {
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("example");
-    cluster.spec.placement = Some(Placement {
-        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
-        tolerations: vec![],
-    });
-    cluster
-}
-
-/// The Minimal example in namespace `ns`, on the runner's nodes, reachable
-/// inside the meta-cluster only (ClusterIP).
-fn minimal_inside(ns: &str) -> Cluster {
-    let mut cluster = minimal_on_runner();
-    cluster.metadata.namespace = Some(ns.to_string());
-    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
-    cluster
-}

@@ -12,7 +12,7 @@
 //! name and a one-member `--initial-cluster`. The others join it as
 //! learners on empty data, one at a time, and are promoted once they have
 //! caught up (the etcd step's membership planner), so no member's data is
-//! ever made apart from the cluster's. [`finish`] records when every member
+//! ever made apart from the cluster's. [`finish`] records when the restored member
 //! serves. A failure at any point leaves a `Restored=False` reason and
 //! creates nothing else: no member ever starts on an empty database in its
 //! place.
@@ -552,18 +552,21 @@ async fn choose(store: &SnapshotStore, wanted: &str, field: &str) -> Result<Mani
     Ok(manifest)
 }
 
-/// Once every member of a restoring Cluster serves: record that the data is
-/// restored (no member started later restores again).
+/// Once the member restored from the snapshot serves: record that the data
+/// is restored, before anything has written to it (kube-apiserver of a new
+/// Cluster is made after this, in the same pass). A member Pod made later,
+/// that one again included, starts on its own data or joins as a learner;
+/// none restores again over what was written since.
 pub async fn finish(
     ctx: &Context,
     cluster: &Cluster,
     names: &Names,
-    members_ready: bool,
+    restored_serves: bool,
 ) -> Result<(), Error> {
     let Some(status) = pending(cluster) else {
         return Ok(());
     };
-    if !members_ready {
+    if !restored_serves {
         return Ok(());
     }
     let done = RestoreStatus {

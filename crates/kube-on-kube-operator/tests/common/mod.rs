@@ -714,3 +714,57 @@ pub fn kubeconfig_server(text: &str) -> Option<String> {
         .server
         .clone()
 }
+
+/// Every condition of Cluster `name` True, with `endpoint` when given.
+pub async fn ready_cluster(clusters: &Api<Cluster>, name: &str, endpoint: Option<&str>) -> Cluster {
+    wait_for(
+        &format!("{name} to be Ready at {endpoint:?}"),
+        Duration::from_secs(300),
+        async || {
+            let c = clusters.get(name).await.ok()?;
+            let at = c.status.as_ref()?.endpoint.as_deref();
+            (endpoint.is_none_or(|e| at == Some(e)) && all_ready(&c)).then_some(c)
+        },
+    )
+    .await
+}
+
+/// Deletes Cluster `name`, waits until it is gone, and stops the operator.
+pub async fn delete_and_stop_operator(client: &Client, ns: &str, name: &str) {
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
+    clusters
+        .delete(name, &DeleteParams::background())
+        .await
+        .expect("delete");
+    wait_for("the Cluster to go", Duration::from_secs(120), async || {
+        clusters.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .delete("operator", &DeleteParams::default())
+        .await
+        .expect("stop the operator");
+}
+
+/// The Minimal example on the runner's nodes. The example has no
+/// placement: without one the Pods could land on the meta-cluster's
+/// simulated nodes, where nothing runs.
+pub fn minimal_on_runner() -> Cluster {
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
+            .expect("example");
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
+        tolerations: vec![],
+    });
+    cluster
+}
+
+/// The Minimal example in namespace `ns`, on the runner's nodes, reachable
+/// inside the meta-cluster only (ClusterIP).
+pub fn minimal_inside(ns: &str) -> Cluster {
+    let mut cluster = minimal_on_runner();
+    cluster.metadata.namespace = Some(ns.to_string());
+    cluster.spec.api_server.external.type_ = kube_on_kube_api::cluster::ExposureType::ClusterIP;
+    cluster
+}
