@@ -871,4 +871,3 @@ fn find_files(dir: &Path, file: &str) -> Vec<std::path::PathBuf> {
     }
     found
 }
-
