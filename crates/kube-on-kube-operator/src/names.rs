@@ -33,6 +33,10 @@ impl Component {
 /// The key of the encryption Secret ([`Names::encryption_secret`]) that
 /// holds the configuration kube-apiserver reads, and its file name there.
 pub const ENCRYPTION_CONFIG_KEY: &str = "encryption-config.yaml";
+/// Where kube-apiserver and its KMS v2 plugin share the plugin's socket.
+pub const KMS_SOCKET_DIR: &str = "/var/run/kmsplugin";
+/// The socket in it.
+pub const KMS_SOCKET: &str = "/var/run/kmsplugin/socket.sock";
 
 /// Names derived from one Cluster (its name and namespace, and the
 /// meta-cluster's DNS domain).

@@ -68,6 +68,56 @@ fn stored_secrets(etcd: &common::Etcdctl, endpoints: &[String]) -> Vec<(String, 
         .unwrap_or_default()
 }
 
+/// Writes Secret `default/marker` holding `marker` through the business
+/// API of Cluster `name`.
+async fn write_marker(client: &kube::Client, ns: &str, name: &str, marker: &str) {
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "marker"},
+        "stringData": {"value": marker},
+    }))
+    .expect("Secret");
+    let business = common::business_client(client, ns, name).await;
+    Api::<Secret>::namespaced(business, "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("marker Secret");
+}
+
+/// Secret `default/marker` reads back through the business API with
+/// `marker` in it.
+async fn assert_marker_reads(client: &kube::Client, ns: &str, name: &str, marker: &str) {
+    let business = common::business_client(client, ns, name).await;
+    let read = Api::<Secret>::namespaced(business, "default")
+        .get("marker")
+        .await
+        .expect("read the marker");
+    let value = read
+        .data
+        .and_then(|d| d.get("value").cloned())
+        .expect("marker value");
+    assert_eq!(value.0, marker.as_bytes());
+}
+
+/// Every Secret etcd holds starts with `prefix` (what encrypted it) and
+/// none holds `marker` in clear.
+fn assert_all_under(stored: &[(String, Vec<u8>)], prefix: &str, marker: &str) {
+    assert!(
+        stored.iter().any(|(k, _)| k.ends_with("/default/marker")),
+        "the marker is stored"
+    );
+    for (key, value) in stored {
+        assert!(
+            value.starts_with(prefix.as_bytes()),
+            "{key} is not under {prefix}: {:?}",
+            String::from_utf8_lossy(&value[..value.len().min(40)])
+        );
+        assert!(
+            !value.windows(marker.len()).any(|w| w == marker.as_bytes()),
+            "{key} holds the marker in clear"
+        );
+    }
+}
+
 /// Naming the recorded encryption key in `kubeonkube.io/rotate-encryption-key`
 /// rotates it on a real kube-apiserver and etcd: afterwards every Secret
 /// etcd holds is encrypted under the new key (`key2`), none holds the
@@ -100,16 +150,7 @@ async fn a_key_rotation_writes_every_secret_again_under_a_new_key() {
             .and_then(|a| a.encryption.clone())
     };
     let old = recorded(&ready).expect("the encryption key is recorded");
-    let marker: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "marker"},
-        "stringData": {"value": MARKER},
-    }))
-    .expect("Secret");
-    let business = common::business_client(&client, &ns, &name).await;
-    Api::<Secret>::namespaced(business, "default")
-        .create(&PostParams::default(), &marker)
-        .await
-        .expect("marker Secret");
+    write_marker(&client, &ns, &name, MARKER).await;
     let etcd = common::Etcdctl::new(&client, &ns, &name).await;
     let endpoints = common::member_endpoints(&client, &ns, &name).await;
     let before = stored_secrets(&etcd, &endpoints);
@@ -178,17 +219,7 @@ async fn a_key_rotation_writes_every_secret_again_under_a_new_key() {
         after.len(),
         before.len()
     );
-    for (key, value) in &after {
-        assert!(
-            value.starts_with(b"k8s:enc:secretbox:v1:key2:"),
-            "{key} is not under key2: {:?}",
-            String::from_utf8_lossy(&value[..value.len().min(40)])
-        );
-        assert!(
-            !value.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
-            "{key} holds the marker in clear"
-        );
-    }
+    assert_all_under(&after, "k8s:enc:secretbox:v1:key2:", MARKER);
     // kube-apiserver's configuration names the new key alone, the one
     // recorded.
     let config = String::from_utf8(
@@ -214,16 +245,7 @@ async fn a_key_rotation_writes_every_secret_again_under_a_new_key() {
         "the recorded key {rotated} is the configured one"
     );
     // The marker reads back through the business API.
-    let business = common::business_client(&client, &ns, &name).await;
-    let read = Api::<Secret>::namespaced(business, "default")
-        .get("marker")
-        .await
-        .expect("read the marker");
-    let value = read
-        .data
-        .and_then(|d| d.get("value").cloned())
-        .expect("marker value");
-    assert_eq!(value.0, MARKER.as_bytes());
+    assert_marker_reads(&client, &ns, &name, MARKER).await;
 
     delete_and_stop_operator(&client, &ns, &name).await;
 }
@@ -280,43 +302,15 @@ async fn a_kms_plugin_encrypts_the_clusters_secrets() {
         .await
         .expect("create cluster");
     ready_cluster(&clusters, &name, None).await;
-    let business = common::business_client(&client, &ns, &name).await;
-    let marker: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "marker"},
-        "stringData": {"value": MARKER},
-    }))
-    .expect("Secret");
-    let secrets = Api::<Secret>::namespaced(business, "default");
-    secrets
-        .create(&PostParams::default(), &marker)
-        .await
-        .expect("marker Secret");
+    write_marker(&client, &ns, &name, MARKER).await;
     let etcd = common::Etcdctl::new(&client, &ns, &name).await;
     let endpoints = common::member_endpoints(&client, &ns, &name).await;
-    let stored = stored_secrets(&etcd, &endpoints);
-    assert!(
-        stored.iter().any(|(k, _)| k.ends_with("/default/marker")),
-        "the marker is stored"
+    assert_all_under(
+        &stored_secrets(&etcd, &endpoints),
+        "k8s:enc:kms:v2:testkms:",
+        MARKER,
     );
-    for (key, value) in &stored {
-        assert!(
-            value.starts_with(b"k8s:enc:kms:v2:testkms:"),
-            "{key} is not under the plugin: {:?}",
-            String::from_utf8_lossy(&value[..value.len().min(40)])
-        );
-        assert!(
-            !value.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
-            "{key} holds the marker in clear"
-        );
-    }
-    let read = secrets.get("marker").await.expect("read the marker");
-    assert_eq!(
-        read.data
-            .and_then(|d| d.get("value").cloned())
-            .expect("value")
-            .0,
-        MARKER.as_bytes()
-    );
+    assert_marker_reads(&client, &ns, &name, MARKER).await;
     // The plugin stays: removing it is refused by the API server.
     let refused = clusters
         .patch(

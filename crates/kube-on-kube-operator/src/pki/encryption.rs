@@ -184,15 +184,11 @@ resources:
     }
 }
 
-/// Where kube-apiserver and its KMS v2 plugin share the plugin's socket.
-pub const KMS_SOCKET_DIR: &str = "/var/run/kmsplugin";
-/// The socket in it.
-pub const KMS_SOCKET: &str = "/var/run/kmsplugin/socket.sock";
-
 /// kube-apiserver's configuration with the KMS v2 plugin `name` first (it
 /// encrypts), then the ring's keys and `identity` (they read what was
 /// written before).
 pub fn kms_config(ring: &Ring, name: &str) -> String {
+    use crate::names::KMS_SOCKET;
     ring.config().replacen(
         "  providers:\n",
         &format!(

@@ -484,11 +484,7 @@ pub fn apiserver(
         ],
         pod.config_hash,
     );
-    if let Some(pod_spec) = deployment
-        .spec
-        .as_mut()
-        .and_then(|d| d.template.spec.as_mut())
-    {
+    if let Some(pod_spec) = pod_spec(&mut deployment) {
         pod_spec
             .containers
             .push(konnectivity_server(cluster, konnectivity));
@@ -503,21 +499,39 @@ pub const KMS_CONTAINER: &str = "kms-plugin";
 /// Where the plugin finds the Secret `spec.apiServer.kms.configSecret`.
 const KMS_CONFIG_DIR: &str = "/etc/kms";
 
+/// The Pod template's spec of `deployment`.
+fn pod_spec(deployment: &mut Deployment) -> Option<&mut PodSpec> {
+    deployment
+        .spec
+        .as_mut()
+        .and_then(|d| d.template.spec.as_mut())
+}
+
+/// Mount `mount` into kube-apiserver's container of `pod`.
+fn mount_in_apiserver(pod: &mut PodSpec, mount: VolumeMount) {
+    if let Some(apiserver) = pod
+        .containers
+        .iter_mut()
+        .find(|c| c.name == "kube-apiserver")
+    {
+        apiserver
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount);
+    }
+}
+
 /// The Cluster's KMS v2 plugin beside kube-apiserver: the socket they
 /// share (an emptyDir), the plugin's container, and kube-apiserver's
 /// encryption configuration read from the Secret that names the plugin
 /// first ([`Names::encryption_kms_secret`]) instead of the one of the
 /// operator's keys alone.
 fn with_kms(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
-    use crate::pki::encryption::{KMS_SOCKET, KMS_SOCKET_DIR};
+    use crate::names::{KMS_SOCKET, KMS_SOCKET_DIR};
     let Some(kms) = &cluster.spec.api_server.kms else {
         return;
     };
-    let Some(pod) = deployment
-        .spec
-        .as_mut()
-        .and_then(|d| d.template.spec.as_mut())
-    else {
+    let Some(pod) = pod_spec(deployment) else {
         return;
     };
     let socket = || VolumeMount {
@@ -554,16 +568,7 @@ fn with_kms(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
     {
         source.name = names.encryption_kms_secret();
     }
-    if let Some(apiserver) = pod
-        .containers
-        .iter_mut()
-        .find(|c| c.name == "kube-apiserver")
-    {
-        apiserver
-            .volume_mounts
-            .get_or_insert_with(Vec::new)
-            .push(socket());
-    }
+    mount_in_apiserver(pod, socket());
     pod.containers.push(Container {
         name: KMS_CONTAINER.into(),
         image: Some(kms.image.clone()),
@@ -638,11 +643,7 @@ fn with_audit(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
     let Some(audit) = &cluster.spec.api_server.audit else {
         return;
     };
-    let Some(pod) = deployment
-        .spec
-        .as_mut()
-        .and_then(|d| d.template.spec.as_mut())
-    else {
+    let Some(pod) = pod_spec(deployment) else {
         return;
     };
     let mut volumes = vec![(
@@ -681,21 +682,15 @@ fn with_audit(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
         ));
     }
     for (volume, path, read_only) in volumes {
-        if let Some(apiserver) = pod
-            .containers
-            .iter_mut()
-            .find(|c| c.name == "kube-apiserver")
-        {
-            apiserver
-                .volume_mounts
-                .get_or_insert_with(Vec::new)
-                .push(VolumeMount {
-                    name: volume.name.clone(),
-                    mount_path: path.into(),
-                    read_only: read_only.then_some(true),
-                    ..Default::default()
-                });
-        }
+        mount_in_apiserver(
+            pod,
+            VolumeMount {
+                name: volume.name.clone(),
+                mount_path: path.into(),
+                read_only: read_only.then_some(true),
+                ..Default::default()
+            },
+        );
         pod.volumes.get_or_insert_with(Vec::new).push(volume);
     }
 }
