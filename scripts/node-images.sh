@@ -42,8 +42,8 @@
 #   registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2
 #                                            k8s.io/sample-apiserver of $K8S_VERSION's staging
 #                                            release (the aggregator test)
-#   registry.k8s.io/etcd:3.6.6-0             go.etcd.io/etcd v3.6.6 as /usr/local/bin/etcd (the
-#                                            sample API server's storage)
+#   registry.k8s.io/etcd:3.6.6-0             go.etcd.io/etcd v3.6.6's etcd (etcdctl, etcdutl) in
+#                                            /usr/local/bin (the sample API server's storage)
 #   registry.k8s.io/e2e-test-images/nonewprivs:1.3
 #                                            test/images/nonewprivs/nnp.go, set-user-ID root
 #
@@ -55,6 +55,29 @@
 #                                            alone on an empty base, as upstream's distroless
 #                                            images carry them
 #   registry.k8s.io/etcd:3.6.6-0             as with --e2e
+#
+# With --meta, also the images a business control plane runs on the
+# meta-cluster when the kube-on-kube-operator renders it with its defaults,
+# at the releases it defaults to and those its upgrade tests start from:
+#
+#   registry.k8s.io/kube-apiserver, kube-controller-manager, kube-scheduler
+#     at v1.35.4 and v1.35.3                 as with --kubeadm
+#   registry.k8s.io/etcd:3.6.16-0, :3.6.15-0 go.etcd.io/etcd's etcd, etcdctl and etcdutl in
+#                                            /usr/local/bin, alone on an empty base (a
+#                                            restoring member runs etcdutl)
+#   registry.k8s.io/kas-network-proxy/proxy-server:v0.34.0
+#                                            sigs.k8s.io/apiserver-network-proxy/cmd/server as
+#                                            /proxy-server, user 65532 as upstream's (distroless
+#                                            nonroot)
+#   ghcr.io/versity/versitygw:v1.8.0         github.com/versity/versitygw/cmd/versitygw as
+#                                            /usr/local/bin/versitygw, its entrypoint (the snapshot
+#                                            gateway; the operator passes only arguments)
+#   kube-on-kube.test/operator-base:bookworm a Debian rootfs with openssh-client and
+#                                            ca-certificates, user and group nonroot (65532, home
+#                                            /home/nonroot): the operators' images are it plus one
+#                                            layer with the binary (scripts/operator-images.sh,
+#                                            which pushes it from the OCI layout operator-base.oci/
+#                                            kept beside the storage into a registry that lacks it)
 #
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
@@ -80,6 +103,7 @@
 #
 #   scripts/node-images.sh
 #   scripts/node-images.sh --e2e
+#   scripts/node-images.sh --e2e --meta
 #   KOK_TESTENV_DIR=/some/dir scripts/node-images.sh
 set -euo pipefail
 
@@ -96,6 +120,16 @@ KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 METRICS_SERVER_VERSION=${METRICS_SERVER_VERSION:-v0.7.2}
 # The version the konnectivity-agent add-on uses.
 KONNECTIVITY_VERSION=${KONNECTIVITY_VERSION:-v0.34.0}
+# What a business control plane runs (--meta): the releases the operator
+# defaults to and those its upgrade tests start from (scripts/testenv-bins.sh
+# builds the same as binaries; a leading v is dropped from etcd's).
+K8S_FROM_VERSION=${K8S_FROM_VERSION:-v1.35.3}
+ETCD_VERSION=${ETCD_VERSION:-3.6.16}
+ETCD_VERSION=${ETCD_VERSION#v}
+ETCD_FROM_VERSION=${ETCD_FROM_VERSION:-3.6.15}
+ETCD_FROM_VERSION=${ETCD_FROM_VERSION#v}
+# The operator's default snapshot gateway (scripts/backup-bins.sh builds it).
+VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -128,19 +162,33 @@ KITTEN_TAG=1.7
 SAMPLE_APISERVER_TAG=1.29.2
 NONEWPRIVS_TAG=1.3
 E2E_ETCD_VERSION=3.6.6
+# The operators' base: bookworm like the machine that builds them, whose
+# glibc their dynamically linked binaries need.
+OPERATOR_BASE=kube-on-kube.test/operator-base:$DEBIAN_SUITE
 e2e=no
 kubeadm=no
+meta=no
 for arg in "$@"; do
   case $arg in
     --e2e) e2e=yes ;;
     --kubeadm) kubeadm=yes ;;
-    *) echo "unknown argument $arg (--e2e, --kubeadm)" >&2; exit 2 ;;
+    --meta) meta=yes ;;
+    *) echo "unknown argument $arg (--e2e, --kubeadm, --meta)" >&2; exit 2 ;;
   esac
 done
 CONTROL_PLANE=(kube-apiserver kube-controller-manager kube-scheduler)
 if [ $kubeadm = yes ]; then
   for b in "${CONTROL_PLANE[@]}"; do wanted+=("registry.k8s.io/$b:$K8S_VERSION"); done
   wanted+=("registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")
+fi
+if [ $meta = yes ]; then
+  for v in "$K8S_VERSION" "$K8S_FROM_VERSION"; do
+    for b in "${CONTROL_PLANE[@]}"; do wanted+=("registry.k8s.io/$b:$v"); done
+  done
+  wanted+=("registry.k8s.io/etcd:$ETCD_VERSION-0" "registry.k8s.io/etcd:$ETCD_FROM_VERSION-0"
+    "registry.k8s.io/kas-network-proxy/proxy-server:$KONNECTIVITY_VERSION"
+    "ghcr.io/versity/versitygw:$VERSITYGW_VERSION"
+    "$OPERATOR_BASE")
 fi
 if [ $e2e = yes ]; then
   wanted+=("registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG"
@@ -162,9 +210,16 @@ busybox_stamp="$done_dir/busybox-$BUSYBOX_VERSION-from-source"
 if [ $e2e = yes ] && [ ! -e "$busybox_stamp" ]; then
   rm -f "$(marker "registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG")"
 fi
+# The operators' base is also kept as an OCI layout (operator-base.oci/), from
+# which scripts/operator-images.sh pushes it, compressed blobs as stored, into
+# a registry that lacks it.
+have_operator_base() {
+  [ -s "$(marker "$OPERATOR_BASE")" ] && [ -s "$dir/operator-base.oci/index.json" ]
+}
 have_all() {
   local i
   for i in "${wanted[@]}"; do [ -s "$(marker "$i")" ] || return 1; done
+  [ $meta = no ] || have_operator_base
 }
 
 if have_all; then
@@ -272,26 +327,28 @@ go_install() {
   (cd "$dir/src" && GOBIN="$dir/bin" gobuild install -trimpath -ldflags "$2" "$3")
 }
 
-# --- Kubernetes binaries (agnhost, kube-proxy) ---------------------------------
+# --- Kubernetes binaries (agnhost, kube-proxy, the control plane) ---------------
 # The wrapper-module trick of scripts/testenv-bins.sh: require k8s.io/kubernetes
-# and replace each staging module with its published v0.x release.
+# and replace each staging module with its published v0.x release. One
+# module per release, in $dir/src/kubernetes-<version>.
 k8s_src="$dir/src/kubernetes-$K8S_VERSION"
-k8s_wrapper() {
-  [ -s "$k8s_src/go.sum" ] && return 0
-  local staging="v0.${K8S_VERSION#v1.}" gomod
-  mkdir -p "$k8s_src"
-  gomod=$(cd "$k8s_src" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+k8s_wrapper() { # [version], default $K8S_VERSION
+  local version=${1:-$K8S_VERSION}
+  local src="$dir/src/kubernetes-$version" staging="v0.${version#v1.}" gomod
+  [ -s "$src/go.sum" ] && return 0
+  mkdir -p "$src"
+  gomod=$(cd "$src" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   {
     echo "module kube-on-kube.test/k8s-images"
     echo
     echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
     echo
-    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo "require k8s.io/kubernetes $version"
     echo
     grep -E '^\s*k8s.io/[a-z0-9-]+ => \./staging/' "$gomod" \
       | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
-  } >"$k8s_src/go.mod"
-  cat >"$k8s_src/tools.go" <<'GO'
+  } >"$src/go.mod"
+  cat >"$src/tools.go" <<'GO'
 //go:build tools
 
 package tools
@@ -304,7 +361,7 @@ import (
 	_ "k8s.io/kubernetes/test/images/agnhost"
 )
 GO
-  (cd "$k8s_src" && go mod tidy >&2)
+  (cd "$src" && go mod tidy >&2)
 }
 k8s_dir() { (cd "$k8s_src" && go list -m -f '{{.Dir}}' k8s.io/kubernetes); }
 
@@ -380,20 +437,22 @@ build_coredns() {
 # --- kube-proxy ---------------------------------------------------------------
 # Upstream's is distroless-iptables: kube-proxy in /usr/local/bin with the
 # iptables (legacy and nft), nftables, conntrack, ipset and kmod userspace.
-# k8s_build name dir: k8s.io/kubernetes/cmd/<name> of $K8S_VERSION, its version
-# stamped as a release build's, into dir/usr/local/bin.
+# k8s_build name dir [version]: k8s.io/kubernetes/cmd/<name> of version
+# (default $K8S_VERSION), its version stamped as a release build's, into
+# dir/usr/local/bin.
 k8s_build() {
+  local version=${3:-$K8S_VERSION}
   local pkg=k8s.io/component-base/version cg=k8s.io/client-go/pkg/version
-  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local minor=${version#v1.}; minor=${minor%%.*}
   local ld="-s -w" p
   for p in $pkg $cg; do
-    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld="$ld -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z -X $p.gitCommit=0000000000000000000000000000000000000000"
   done
-  k8s_wrapper
+  k8s_wrapper "$version"
   rm -rf "$2" && mkdir -p "$2/usr/local/bin"
-  log "building $1 $K8S_VERSION"
-  (cd "$k8s_src" && gobuild build -trimpath -ldflags "$ld" -o "$2/usr/local/bin/$1" "k8s.io/kubernetes/cmd/$1")
+  log "building $1 $version"
+  (cd "$dir/src/kubernetes-$version" && gobuild build -trimpath -ldflags "$ld" -o "$2/usr/local/bin/$1" "k8s.io/kubernetes/cmd/$1")
 }
 build_kube_proxy() {
   local stage="$dir/src/kube-proxy"
@@ -404,15 +463,15 @@ build_kube_proxy() {
     -- "$dir/layers/kube-proxy-base.tar" "$dir/layers/kube-proxy-$K8S_VERSION.tar"
 }
 
-# --- the control plane (--kubeadm) -----------------------------------------------
+# --- the control plane (--kubeadm, --meta) ----------------------------------------
 # Upstream's are distroless: the static binary in /usr/local/bin, which
-# kubeadm's static Pods run by name.
-build_control_plane() { # name
-  local stage="$dir/src/$1"
-  k8s_build "$1" "$stage/root"
-  layer "$dir/layers/$1-$K8S_VERSION.tar" "$stage/root"
-  push "registry.k8s.io/$1:$K8S_VERSION" --env PATH=/usr/local/bin:/usr/bin:/bin \
-    -- "$dir/layers/$1-$K8S_VERSION.tar"
+# kubeadm's static Pods and the operator's Deployments run by name.
+build_control_plane() { # name version
+  local stage="$dir/src/$1-$2"
+  k8s_build "$1" "$stage/root" "$2"
+  layer "$dir/layers/$1-$2.tar" "$stage/root"
+  push "registry.k8s.io/$1:$2" --env PATH=/usr/local/bin:/usr/bin:/bin \
+    -- "$dir/layers/$1-$2.tar"
 }
 
 # --- kube-router ----------------------------------------------------------------
@@ -457,22 +516,31 @@ build_metrics_server() {
     -- "$dir/layers/metrics-server-$METRICS_SERVER_VERSION.tar"
 }
 
-# --- konnectivity-agent -----------------------------------------------------------
-# Upstream's: the static binary as /proxy-agent on distroless static. The
+# --- konnectivity: proxy-agent, proxy-server (--meta) -----------------------------
+# Upstream's: the static binary as /proxy-<program> on distroless static. The
 # proxy's version list is not served, so `go install pkg@version` (which asks
 # for it) cannot build it: a module of its own requires the exact version.
-build_konnectivity_agent() {
-  local stage="$dir/src/proxy-agent" src="$dir/src/konnectivity-$KONNECTIVITY_VERSION"
+# The server runs as upstream's, as distroless' nonroot user (65532), so the
+# operator's kube-apiserver Pods meet what they would with upstream's image;
+# the agent's image runs as root (upstream's is nonroot too).
+build_konnectivity() { # agent|server
+  local program="proxy-$1" stage="$dir/src/proxy-$1" src="$dir/src/konnectivity-$KONNECTIVITY_VERSION"
+  local user=()
+  [ "$1" = server ] && user=(--user 65532:65532)
   rm -rf "$stage" && mkdir -p "$stage/root/etc" "$src"
   [ -s "$src/go.mod" ] || printf 'module kube-on-kube.test/konnectivity\n\ngo %s\n' \
     "$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')" >"$src/go.mod"
   (cd "$src" && go get "sigs.k8s.io/apiserver-network-proxy@$KONNECTIVITY_VERSION" >&2 \
-    && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/proxy-agent" sigs.k8s.io/apiserver-network-proxy/cmd/agent)
+    && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/$program" "sigs.k8s.io/apiserver-network-proxy/cmd/$1")
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n' >"$stage/root/etc/passwd"
   printf 'root:x:0:\nnobody:x:65534:\n' >"$stage/root/etc/group"
-  layer "$dir/layers/proxy-agent-$KONNECTIVITY_VERSION.tar" "$stage/root"
-  push "registry.k8s.io/kas-network-proxy/proxy-agent:$KONNECTIVITY_VERSION" \
-    --entrypoint /proxy-agent -- "$dir/layers/proxy-agent-$KONNECTIVITY_VERSION.tar"
+  if [ "$1" = server ]; then
+    echo 'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >>"$stage/root/etc/passwd"
+    echo 'nonroot:x:65532:' >>"$stage/root/etc/group"
+  fi
+  layer "$dir/layers/$program-$KONNECTIVITY_VERSION.tar" "$stage/root"
+  push "registry.k8s.io/kas-network-proxy/$program:$KONNECTIVITY_VERSION" \
+    --entrypoint "/$program" "${user[@]}" -- "$dir/layers/$program-$KONNECTIVITY_VERSION.tar"
 }
 
 # --- the conformance suite's images (--e2e) -------------------------------------
@@ -585,22 +653,103 @@ build_sample_apiserver() {
     --entrypoint /sample-apiserver -- "$dir/layers/sample-apiserver-$SAMPLE_APISERVER_TAG.tar"
 }
 
-# etcd as upstream's image has it: /usr/local/bin/etcd (and etcdctl).
-build_e2e_etcd() {
-  local stage="$dir/src/etcd-image" src="$dir/src/etcd-$E2E_ETCD_VERSION"
-  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin" "$stage/root/var/etcd" "$src/etcd"
+# etcd as upstream's image has it: etcd, etcdctl and etcdutl in
+# /usr/local/bin, on PATH as distroless sets it. Left out: the bash upstream
+# copies to /bin/sh and its migrate tools, for kube-up's manifests; kubeadm's
+# and the operator's Pods run etcd and etcdutl by name. etcd's modules carry
+# replace directives, which `go install` refuses: one-line mains in a module
+# of our own. etcdutl's own main is in its module's root package, which
+# cannot be imported: the same commands on a root command of our own (as
+# scripts/backup-bins.sh builds it).
+build_etcd() { # version
+  local v=$1 stage="$dir/src/etcd-image-$1" src="$dir/src/etcd-$1" c
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin" "$stage/root/var/etcd" \
+    "$src/etcd" "$src/etcdctl" "$src/etcdutl"
   cat >"$src/go.mod" <<GOMOD
 module kube-on-kube.test/etcd-image
 
 go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')
 
-require go.etcd.io/etcd/server/v3 v$E2E_ETCD_VERSION
+require (
+	go.etcd.io/etcd/server/v3 v$v
+	go.etcd.io/etcd/etcdctl/v3 v$v
+	go.etcd.io/etcd/etcdutl/v3 v$v
+)
 GOMOD
   printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' >"$src/etcd/main.go"
-  (cd "$src" && go mod tidy >&2 && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/usr/local/bin/etcd" ./etcd)
-  layer "$dir/layers/etcd-$E2E_ETCD_VERSION.tar" "$stage/root"
-  push "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0" --cmd /usr/local/bin/etcd \
-    -- "$dir/layers/etcd-$E2E_ETCD_VERSION.tar"
+  printf 'package main\n\nimport "go.etcd.io/etcd/etcdctl/v3/ctlv3"\n\nfunc main() { ctlv3.MustStart() }\n' >"$src/etcdctl/main.go"
+  cat >"$src/etcdutl/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"go.etcd.io/etcd/etcdutl/v3/etcdutl"
+)
+
+func main() {
+	root := &cobra.Command{Use: "etcdutl", Short: "An administrative command line tool for etcd3."}
+	root.PersistentFlags().StringVarP(&etcdutl.OutputFormat, "write-out", "w", "simple",
+		"set the output format (fields, json, protobuf, simple, table)")
+	root.AddCommand(
+		etcdutl.NewDefragCommand(),
+		etcdutl.NewSnapshotCommand(),
+		etcdutl.NewHashKVCommand(),
+		etcdutl.NewVersionCommand(),
+		etcdutl.NewMigrateCommand(),
+	)
+	if root.Execute() != nil {
+		os.Exit(1)
+	}
+}
+GO
+  log "building etcd, etcdctl and etcdutl $v"
+  (cd "$src" && go mod tidy >&2)
+  for c in etcd etcdctl etcdutl; do
+    (cd "$src" && gobuild build -trimpath -ldflags "-s -w" -o "$stage/root/usr/local/bin/$c" "./$c")
+  done
+  layer "$dir/layers/etcd-$v.tar" "$stage/root"
+  push "registry.k8s.io/etcd:$v-0" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --cmd /usr/local/bin/etcd -- "$dir/layers/etcd-$v.tar"
+}
+
+# --- the operator's own Pods (--meta) --------------------------------------------
+# versitygw, the snapshot gateway: upstream's image (its Dockerfile) has the
+# binary as /usr/local/bin/versitygw on alpine, started by a shell entrypoint
+# that runs it with the container's arguments when there are any. The
+# operator's gateway Pod always passes them (and sets its user, 65532), so
+# here the binary is the entrypoint itself and no shell is needed. Built as
+# scripts/backup-bins.sh builds it.
+build_versitygw() {
+  local stage="$dir/src/versitygw"
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/local/bin" "$stage/root/tmp/vgw"
+  chmod 1777 "$stage/root/tmp"
+  go_install versitygw "-s -w -X main.Version=$VERSITYGW_VERSION" \
+    "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+  cp "$dir/bin/versitygw" "$stage/root/usr/local/bin/versitygw"
+  layer "$dir/layers/versitygw-$VERSITYGW_VERSION.tar" "$stage/root"
+  push "ghcr.io/versity/versitygw:$VERSITYGW_VERSION" \
+    --entrypoint /usr/local/bin/versitygw --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    -- "$dir/layers/versitygw-$VERSITYGW_VERSION.tar"
+}
+
+# The operators' base: Debian with the ssh client the node-operator runs
+# (openssh drives `ssh` with a control socket) and the CA certificates S3
+# endpoints are checked against, and distroless' nonroot user, whose home and
+# passwd entry ssh looks up. scripts/operator-images.sh adds the binaries.
+build_operator_base() {
+  rootfs "$dir/layers/operator-base.tar" openssh-client,ca-certificates \
+    --customize-hook='echo "nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin" >>"$1/etc/passwd"' \
+    --customize-hook='echo "nonroot:x:65532:" >>"$1/etc/group"' \
+    --customize-hook='mkdir -p "$1/home/nonroot" && chown 65532:65532 "$1/home/nonroot" && chmod 0700 "$1/home/nonroot"'
+  push "$OPERATOR_BASE" --user 65532:65532 --workdir /home/nonroot \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    -- "$dir/layers/operator-base.tar"
+  rm -rf "$dir/operator-base.oci" "$dir/operator-base.oci.tmp"
+  "$crane" pull --insecure --format=oci "$reg/$OPERATOR_BASE" "$dir/operator-base.oci.tmp"
+  mv "$dir/operator-base.oci.tmp" "$dir/operator-base.oci"
 }
 
 # nonewprivs as upstream's Dockerfile makes it: nnp (it prints its effective
@@ -627,7 +776,7 @@ done
 [ -s "$(marker "registry.k8s.io/kube-proxy:$K8S_VERSION")" ] || timed kube-proxy build_kube_proxy
 [ -s "$(marker "docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION")" ] || timed kube-router build_kube_router
 [ -s "$(marker "registry.k8s.io/metrics-server/metrics-server:$METRICS_SERVER_VERSION")" ] || timed metrics-server build_metrics_server
-[ -s "$(marker "registry.k8s.io/kas-network-proxy/proxy-agent:$KONNECTIVITY_VERSION")" ] || timed proxy-agent build_konnectivity_agent
+[ -s "$(marker "registry.k8s.io/kas-network-proxy/proxy-agent:$KONNECTIVITY_VERSION")" ] || timed proxy-agent build_konnectivity agent
 if [ $e2e = yes ]; then
   [ -s "$(marker "registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG")" ] || timed busybox build_busybox
   [ -s "$(marker "registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG")" ] || timed nginx build_nginx
@@ -638,19 +787,33 @@ if [ $e2e = yes ]; then
     [ -s "$(marker "registry.k8s.io/e2e-test-images/$pet:$KITTEN_TAG")" ] || timed "$pet" build_pet "$pet"
   done
   [ -s "$(marker "registry.k8s.io/e2e-test-images/sample-apiserver:$SAMPLE_APISERVER_TAG")" ] || timed sample-apiserver build_sample_apiserver
-  [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_e2e_etcd
+  [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_etcd "$E2E_ETCD_VERSION"
   [ -s "$(marker "registry.k8s.io/e2e-test-images/nonewprivs:$NONEWPRIVS_TAG")" ] || timed nonewprivs build_nonewprivs
 fi
 
 if [ $kubeadm = yes ]; then
   for b in "${CONTROL_PLANE[@]}"; do
-    [ -s "$(marker "registry.k8s.io/$b:$K8S_VERSION")" ] || timed "$b" build_control_plane "$b"
+    [ -s "$(marker "registry.k8s.io/$b:$K8S_VERSION")" ] || timed "$b" build_control_plane "$b" "$K8S_VERSION"
   done
-  [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_e2e_etcd
+  [ -s "$(marker "registry.k8s.io/etcd:$E2E_ETCD_VERSION-0")" ] || timed etcd build_etcd "$E2E_ETCD_VERSION"
+fi
+
+if [ $meta = yes ]; then
+  for v in "$K8S_VERSION" "$K8S_FROM_VERSION"; do
+    for b in "${CONTROL_PLANE[@]}"; do
+      [ -s "$(marker "registry.k8s.io/$b:$v")" ] || timed "$b-$v" build_control_plane "$b" "$v"
+    done
+  done
+  for v in "$ETCD_VERSION" "$ETCD_FROM_VERSION"; do
+    [ -s "$(marker "registry.k8s.io/etcd:$v-0")" ] || timed "etcd-$v" build_etcd "$v"
+  done
+  [ -s "$(marker "registry.k8s.io/kas-network-proxy/proxy-server:$KONNECTIVITY_VERSION")" ] || timed proxy-server build_konnectivity server
+  [ -s "$(marker "ghcr.io/versity/versitygw:$VERSITYGW_VERSION")" ] || timed versitygw build_versitygw
+  have_operator_base || timed operator-base build_operator_base
 fi
 
 have_all || die "some images are missing"
-for i in "${wanted[@]}"; do echo "$i@$(cat "$(marker "$i")")"; done >"$dir/images.txt"
+for i in "${wanted[@]}"; do echo "$i@$(cat "$(marker "$i")")"; done | awk '!seen[$0]++' >"$dir/images.txt"
 took=$(( $(date +%s) - start ))
 log "built in ${took}s; $(du -sh "$store" | cut -f1) in $store"
 echo "$dir"

@@ -3,7 +3,8 @@
 # tests run: the OCI registry and crane (scripts/registry-bins.sh), the node
 # artifacts — containerd, runc, the CNI plugins, crictl, the kubelet
 # (scripts/node-artifacts.sh) — and the images (scripts/node-images.sh; needs
-# root), with the images of the upstream conformance suite, and the suite
+# root), with the images of the upstream conformance suite and those a
+# business control plane runs on a real meta-cluster, and the suite
 # itself (scripts/testenv-bins.sh --e2e: e2e.test and ginkgo), which
 # the dev environment's test runs a subset of; and the backup tests'
 # S3 server and etcdutl (scripts/backup-bins.sh). With a warm cache it takes a
@@ -27,7 +28,7 @@ logs=${1:-${CARGO_TARGET_DIR:-$here/../target}/node-software-logs}
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 
-for step in registry-bins.sh backup-bins.sh node-artifacts.sh "node-images.sh --e2e" "testenv-bins.sh --e2e"; do
+for step in registry-bins.sh backup-bins.sh node-artifacts.sh "node-images.sh --e2e --meta" "testenv-bins.sh --e2e"; do
   read -r script args <<<"$step"
   log="$logs/${script%.sh}.log"
   t0=$(date +%s)
