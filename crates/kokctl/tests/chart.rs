@@ -741,6 +741,7 @@ async fn installed_chart_runs_both_operators_with_their_own_service_accounts() {
             install_crds: false,
             controller_manager_qps: None,
             node_monitor_grace: None,
+            real_nodes: None,
         })
     })
     .await

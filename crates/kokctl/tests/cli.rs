@@ -229,6 +229,7 @@ async fn without_crds_the_error_says_to_install_them() {
             install_crds: false,
             controller_manager_qps: None,
             node_monitor_grace: None,
+            real_nodes: None,
         })
     })
     .await

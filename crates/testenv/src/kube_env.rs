@@ -63,6 +63,22 @@ pub struct Options {
     /// (50 s). A test that stops a kubelet and waits for its Node to turn
     /// NotReady waits this long; its kubelets must renew well within it.
     pub node_monitor_grace: Option<Duration>,
+    /// Real kubelets join (see [`RealNodes`]). None: Nodes are kwok's or
+    /// the Pod runner's only.
+    pub real_nodes: Option<RealNodes>,
+}
+
+/// What an environment needs for real kubelets and their Pods (SSH test
+/// hosts made nodes by the node-operator): the API server's certificate
+/// also names `address`, where the hosts reach it through a
+/// [`crate::proxy::TcpProxy`] on [`KubeEnv::api_port`]; the controller-manager
+/// gives each Node a /24 of `pod_cidr`, which the CNI routes. The
+/// `kubernetes` Service's endpoint is not set: the proxy's address is known
+/// only once it listens ([`KubeEnv::publish_api_endpoint`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RealNodes {
+    pub address: std::net::IpAddr,
+    pub pod_cidr: &'static str,
 }
 
 impl Default for Options {
@@ -74,6 +90,7 @@ impl Default for Options {
             install_crds: true,
             controller_manager_qps: None,
             node_monitor_grace: None,
+            real_nodes: None,
         }
     }
 }
@@ -86,6 +103,7 @@ const SHARED_OPTIONS: Options = Options {
     install_crds: true,
     controller_manager_qps: None,
     node_monitor_grace: None,
+    real_nodes: None,
 };
 
 /// The NotReady grace of environments with simulated nodes. They test
@@ -181,6 +199,23 @@ impl KubeEnv {
         &self.api_url
     }
 
+    /// The port of [`KubeEnv::api_url`].
+    pub fn api_port(&self) -> u16 {
+        self.api_url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Makes the `kubernetes` Service lead to `endpoint` (where Pods on real
+    /// nodes reach the API server), as kube-apiserver's endpoint reconciler
+    /// would for its advertised address: its Endpoints and the EndpointSlice
+    /// kube-proxy reads.
+    pub async fn publish_api_endpoint(&self, endpoint: std::net::SocketAddr) -> Result<(), Error> {
+        cluster::publish_api_endpoint(&self.client().await, endpoint).await
+    }
+
     /// Where each component writes its log.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir
@@ -233,12 +268,19 @@ impl KubeEnv {
 }
 
 async fn boot(workdir: Workdir, opts: Options) -> Result<KubeEnv, Error> {
-    let pki = Pki::generate(&workdir.state.join("pki"))?;
+    let extra_san = opts.real_nodes.map(|n| n.address);
+    let pki = Pki::generate(&workdir.state.join("pki"), extra_san)?;
     let mut processes = Vec::new();
 
     let etcd_url = start_etcd(&workdir, &mut processes).await?;
-    let (api_url, kubeconfig, client) =
-        start_apiserver(&workdir, &pki, &etcd_url, &mut processes).await?;
+    let (api_url, kubeconfig, client) = start_apiserver(
+        &workdir,
+        &pki,
+        &etcd_url,
+        opts.real_nodes.is_some(),
+        &mut processes,
+    )
+    .await?;
     let kubeconfig_path = workdir.state.join("admin.kubeconfig");
     let rendered = serde_norway::to_string(&kubeconfig).map_err(|source| Error::Render {
         what: "the admin kubeconfig",
@@ -256,6 +298,7 @@ async fn boot(workdir: Workdir, opts: Options) -> Result<KubeEnv, Error> {
             opts.node_monitor_grace
                 .or((opts.kwok_nodes > 0).then_some(PATIENT_NODE_GRACE)),
             opts.controller_manager_qps,
+            opts.real_nodes.map(|n| n.pod_cidr),
         )?;
         let log = workdir.logs.join("kube-controller-manager.log");
         processes.push(Supervised::spawn("kube-controller-manager", cmd, &log)?);
@@ -339,6 +382,7 @@ async fn start_apiserver(
     workdir: &Workdir,
     pki: &Pki,
     etcd_url: &str,
+    real_nodes: bool,
     processes: &mut Vec<Supervised>,
 ) -> Result<(String, Kubeconfig, Client), Error> {
     let log = workdir.logs.join("kube-apiserver.log");
@@ -349,7 +393,13 @@ async fn start_apiserver(
         let api_url = format!("https://127.0.0.1:{port}");
         let kubeconfig = pki.admin_kubeconfig(&api_url);
         let client = client_for(&kubeconfig).await?;
-        let cmd = components::apiserver(pki, etcd_url, port, &workdir.state.join("apiserver"))?;
+        let cmd = components::apiserver(
+            pki,
+            etcd_url,
+            port,
+            &workdir.state.join("apiserver"),
+            real_nodes,
+        )?;
         let mut apiserver = Supervised::spawn("kube-apiserver", cmd, &log)?;
         match components::wait_apiserver(&mut apiserver, &client, APISERVER_READY).await {
             Ok(()) => {

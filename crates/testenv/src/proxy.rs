@@ -20,7 +20,12 @@ pub struct TcpProxy {
 impl TcpProxy {
     /// Listens on `ip` (a free port) and forwards to `target`.
     pub fn start(ip: IpAddr, target: SocketAddr) -> io::Result<TcpProxy> {
-        let listener = TcpListener::bind((ip, 0))?;
+        Self::start_at(SocketAddr::new(ip, 0), target)
+    }
+
+    /// Listens on `listen` (port 0: a free one) and forwards to `target`.
+    pub fn start_at(listen: SocketAddr, target: SocketAddr) -> io::Result<TcpProxy> {
+        let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&stopping);

@@ -203,6 +203,7 @@ fn hosts_run_containerd_pods_and_kubelets_side_by_side() {
             install_crds: false,
             controller_manager_qps: None,
             node_monitor_grace: None,
+            real_nodes: None,
         })
         .map_err(|e| e.report())
     });

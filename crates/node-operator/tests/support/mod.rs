@@ -679,6 +679,7 @@ impl Harness {
             install_crds: true,
             controller_manager_qps: None,
             node_monitor_grace: Some(NODE_GRACE),
+            real_nodes: None,
         })
         .unwrap();
         let client = env.client().await;

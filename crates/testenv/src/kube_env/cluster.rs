@@ -174,6 +174,43 @@ pub(crate) fn namespace_name(prefix: &str, seq: u64) -> String {
     format!("{base}{suffix}")
 }
 
+/// The `kubernetes` Service's endpoint at `endpoint`: its Endpoints, and the
+/// EndpointSlice kube-proxy reads (the mirroring controller leaves this
+/// Service alone, so the slice is written too, as kube-apiserver does).
+pub(crate) async fn publish_api_endpoint(
+    client: &Client,
+    endpoint: std::net::SocketAddr,
+) -> Result<(), Error> {
+    let ip = endpoint.ip().to_string();
+    let port = endpoint.port();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let endpoints = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+            "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+        "subsets": [{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
+    });
+    Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), "default")
+        .patch("kubernetes", &params, &Patch::Apply(&endpoints))
+        .await
+        .map_err(Error::kube("setting the kubernetes Endpoints"))?;
+    let slice = serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": if endpoint.is_ipv4() { "IPv4" } else { "IPv6" },
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    });
+    Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), "default")
+        .patch("kubernetes", &params, &Patch::Apply(&slice))
+        .await
+        .map_err(Error::kube("setting the kubernetes EndpointSlice"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::namespace_name;

@@ -75,8 +75,21 @@ pub(crate) fn apiserver(
     etcd_url: &str,
     port: u16,
     cert_dir: &Path,
+    real_nodes: bool,
 ) -> Result<Command, Error> {
     let mut cmd = Command::new(bins::bin("kube-apiserver")?);
+    if real_nodes {
+        // Test hosts' names resolve nowhere but on the hosts themselves.
+        cmd.arg("--kubelet-preferred-address-types=InternalIP,Hostname")
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                pki.kubelet_client_cert.display()
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                pki.kubelet_client_key.display()
+            ));
+    }
     cmd.arg(format!("--etcd-servers={etcd_url}"))
         .arg("--bind-address=127.0.0.1")
         .arg("--advertise-address=127.0.0.1")
@@ -117,8 +130,16 @@ pub(crate) fn controller_manager(
     cert_dir: &Path,
     node_grace: Option<Duration>,
     qps: Option<u32>,
+    pod_cidr: Option<&str>,
 ) -> Result<Command, Error> {
     let mut cmd = Command::new(bins::bin("kube-controller-manager")?);
+    if let Some(cidr) = pod_cidr {
+        // Each real Node gets a /24 its CNI routes (kube-router reads
+        // `spec.podCIDR`).
+        cmd.arg("--allocate-node-cidrs=true")
+            .arg(format!("--cluster-cidr={cidr}"))
+            .arg("--node-cidr-mask-size=24");
+    }
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
         // Nothing scrapes it, and a fixed default port would clash between
         // environments.

@@ -1,6 +1,7 @@
 //! The certificates and keys of one environment, so the API server runs with real
 //! TLS and client-certificate authentication like a production control plane.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -35,6 +36,10 @@ pub(crate) struct Pki {
     pub(crate) server_key: PathBuf,
     pub(crate) sa_key: PathBuf,
     pub(crate) sa_pub: PathBuf,
+    /// The credentials kube-apiserver shows kubelets (the admin's:
+    /// `system:masters` may use every kubelet API).
+    pub(crate) kubelet_client_cert: PathBuf,
+    pub(crate) kubelet_client_key: PathBuf,
     ca_pem: String,
     admin_cert_pem: String,
     admin_key_pem: String,
@@ -43,7 +48,7 @@ pub(crate) struct Pki {
 impl Pki {
     /// Generates a CA, the API server serving certificate, an admin client
     /// certificate (`system:masters`) and the service-account signing key.
-    pub(crate) fn generate(dir: &Path) -> Result<Pki, Error> {
+    pub(crate) fn generate(dir: &Path, extra_san: Option<IpAddr>) -> Result<Pki, Error> {
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
 
         let ca_key = KeyPair::generate().map_err(Error::Pki)?;
@@ -56,6 +61,7 @@ impl Pki {
             SERVER_SANS
                 .iter()
                 .map(|s| s.to_string())
+                .chain(extra_san.map(|ip| ip.to_string()))
                 .collect::<Vec<_>>(),
         )
         .map_err(Error::Pki)?;
@@ -88,6 +94,8 @@ impl Pki {
             server_key: dir.join("apiserver.key"),
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
+            kubelet_client_cert: dir.join("apiserver-kubelet-client.crt"),
+            kubelet_client_key: dir.join("apiserver-kubelet-client.key"),
             ca_pem: ca_cert.pem(),
             admin_cert_pem: admin_cert.pem(),
             admin_key_pem: admin_key.serialize_pem(),
@@ -98,6 +106,8 @@ impl Pki {
         write(&pki.server_key, &server_key.serialize_pem())?;
         write(&pki.sa_key, &sa_key.serialize_pem())?;
         write(&pki.sa_pub, &sa_key.public_key_pem())?;
+        write(&pki.kubelet_client_cert, &pki.admin_cert_pem)?;
+        write(&pki.kubelet_client_key, &pki.admin_key_pem)?;
         Ok(pki)
     }
 

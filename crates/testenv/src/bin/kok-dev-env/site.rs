@@ -29,6 +29,7 @@ const META: KubeOptions = KubeOptions {
     install_crds: false,
     controller_manager_qps: None,
     node_monitor_grace: None,
+    real_nodes: None,
 };
 
 /// Namespace and release name of the chart.

@@ -1,0 +1,443 @@
+//! The meta-cluster made real, as seed 000 runs it: its control plane runs
+//! as processes (as kubeadm's static Pods would), and its workers are
+//! Machines that a node-operator in the meta-cluster itself turns into real
+//! nodes over SSH (containerd, runc, CNI plugins, kubelet), with the
+//! add-ons a kubeadm cluster gets (the bootstrap-token pieces, kube-proxy,
+//! CoreDNS) and kube-router as its network, rendered by the operator's own
+//! add-on templates.
+//!
+//! The test environment plays the site: the hosts reach the API server
+//! through a forwarder on their bridge (the address its certificate names
+//! and the `kubernetes` Service leads to), images come from the registry
+//! mirroring their upstream names, node software from the artifact server.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kok_testenv::hosts::TestHosts;
+use kok_testenv::kube_env::{KubeEnv, Options, RealNodes};
+use kok_testenv::node_software::{self, PackageVersionsOptions};
+use kok_testenv::proxy::TcpProxy;
+use kok_testenv::registry::Registry;
+use kok_testenv::wait::wait_for;
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::discovery::{Discovery, Scope};
+use kube_on_kube_api::Cluster;
+use kube_on_kube_operator::names::Names;
+use kube_on_kube_operator::render::addons;
+use serde_json::{Value, json};
+
+/// The meta-cluster's Pod network: apart from the test hosts' (10.213/16),
+/// the load balancer's (10.212/16), the Pod runners' (10.214-10.237) and
+/// the business clusters' defaults (10.244/16, 10.96/12).
+const META_POD_CIDR: &str = "10.238.0.0/16";
+/// The test environment's Service network (`kube_env`'s) and its DNS
+/// address, the tenth.
+const META_SERVICE_CIDR: &str = "10.0.0.0/16";
+const META_DNS: &str = "10.0.0.10";
+
+/// The label and taint-free marking of the hosts business control planes
+/// run on (the Production example's placement selects it).
+const CONTROL_PLANE_LABEL: &str = "node-role.kubeonkube.io/control-plane";
+
+/// Field manager of what the test applies.
+const MANAGER: &str = "meta-cluster-test";
+
+/// The meta-cluster's add-ons, as a kubeadm cluster has them: what a
+/// kubelet needs to join, kube-proxy, kube-router (Pod network) and CoreDNS.
+const META_ADDONS: [&str; 4] = [
+    addons::BOOTSTRAP,
+    addons::KUBE_PROXY,
+    addons::KUBE_ROUTER,
+    addons::COREDNS,
+];
+
+/// A real meta-cluster: control plane as processes, workers that are
+/// Machines. Fields drop in order: the node-operator first, the forwarder
+/// before the hosts whose bridge it listens on.
+struct Meta {
+    _node_operator: NodeOperator,
+    _proxy: TcpProxy,
+    _env: KubeEnv,
+    kubectl: Kubectl,
+    _registry: Registry,
+    hosts: TestHosts,
+}
+
+impl Meta {
+    /// Starts the control plane, its add-ons, and the node-operator; no
+    /// Machine yet.
+    async fn start(hosts: usize) -> Meta {
+        let hosts = TestHosts::start(hosts).expect("the test hosts");
+        let gateway = hosts.gateway_ip();
+        let registry = Registry::start_with_node_images(gateway).expect("the registry");
+        node_software::serve_artifacts(&hosts).expect("the node artifacts");
+        let env = KubeEnv::start(Options {
+            controller_manager: true,
+            scheduler: true,
+            kwok_nodes: 0,
+            install_crds: true,
+            controller_manager_qps: None,
+            node_monitor_grace: None,
+            real_nodes: Some(RealNodes {
+                address: gateway,
+                pod_cidr: META_POD_CIDR,
+            }),
+        })
+        .expect("the meta-cluster's control plane");
+        let port = env.api_port();
+        let proxy = TcpProxy::start_at(
+            SocketAddr::new(gateway, port),
+            ([127, 0, 0, 1], port).into(),
+        )
+        .expect("the API server's forwarder on the hosts' bridge");
+        env.publish_api_endpoint(proxy.addr())
+            .await
+            .expect("the kubernetes Service's endpoint");
+        let server = format!("https://{}", proxy.addr());
+        let client = env.client().await;
+        apply_addons(&client, &env, &server).await;
+
+        let kubectl = Kubectl {
+            kubeconfig: env.kubeconfig_path().to_path_buf(),
+        };
+        let packages = node_software::package_versions(
+            &node_software::artifacts_base_url(&hosts),
+            &PackageVersionsOptions::for_test_hosts(&registry),
+        )
+        .expect("the PackageVersions");
+        kubectl.apply(&packages);
+        let key = node_software::example_ssh_key(&hosts).expect("the key Secret");
+        kubectl.apply(&serde_json::to_string(&key).expect("json"));
+
+        let node_operator = NodeOperator::start(&env);
+        Meta {
+            _node_operator: node_operator,
+            _proxy: proxy,
+            _env: env,
+            kubectl,
+            _registry: registry,
+            hosts,
+        }
+    }
+
+    /// Applies a Machine for every host: a meta worker labelled for control
+    /// planes.
+    fn apply_machines(&self) {
+        for (i, host) in self.hosts.hosts().iter().enumerate() {
+            let machine =
+                node_software::example_machine(host, &format!("zone-{}", i % 3)).expect("Machine");
+            let mut v = serde_json::to_value(&machine).expect("json");
+            v["spec"]["kubelet"]["nodeLabels"] = json!({ CONTROL_PLANE_LABEL: "" });
+            v["spec"]["kubelet"]["taints"] = json!([]);
+            // The hosts share this machine's cores: what the example keeps
+            // for the system would leave control planes no room.
+            v["spec"]["kubelet"]["kubeReserved"] = json!({"cpu": "50m", "memory": "128Mi"});
+            v["spec"]["kubelet"]["systemReserved"] = json!({"cpu": "50m", "memory": "128Mi"});
+            self.kubectl.apply(&v.to_string());
+        }
+    }
+
+    /// Waits until every host is a Ready Node; their names.
+    async fn wait_nodes_ready(&self, timeout: Duration) -> BTreeSet<String> {
+        let wanted: BTreeSet<String> = self
+            .hosts
+            .hosts()
+            .iter()
+            .map(|h| h.name().to_string())
+            .collect();
+        wait_for("every meta worker Ready", timeout, async || {
+            let list = self.kubectl.json(&["get", "nodes"]).ok()?;
+            let ready: BTreeSet<String> = list["items"]
+                .as_array()?
+                .iter()
+                .filter(|n| {
+                    n["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+                .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+                .collect();
+            (ready == wanted).then_some(ready)
+        })
+        .await
+    }
+
+    /// Waits until the Pods matching `selector` in kube-system number at
+    /// least `count` and all run ready.
+    async fn wait_pods_ready(&self, what: &str, selector: &str, count: usize) {
+        wait_for(
+            &format!("{what} running"),
+            Duration::from_secs(240),
+            async || {
+                let list = self
+                    .kubectl
+                    .json(&["-n", "kube-system", "get", "pods", "-l", selector])
+                    .ok()?;
+                let pods = list["items"].as_array()?;
+                let ready = pods
+                    .iter()
+                    .filter(|p| {
+                        p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                    .count();
+                (pods.len() >= count && ready == pods.len()).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// The meta-cluster's node-operator, as a process beside its control plane
+/// (as the control plane's own programs run); killed when dropped.
+struct NodeOperator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl NodeOperator {
+    fn start(env: &KubeEnv) -> NodeOperator {
+        let log = env.log_dir().join("meta-node-operator.log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(common::node_operator_binary())
+            .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
+            .arg(format!("--cluster-dns={META_DNS}"))
+            .arg("--http-address=127.0.0.1:0")
+            .arg("--recheck-interval=20s")
+            .arg("--log-level=info,node_operator=debug")
+            .env("POD_NAME", "meta-node-operator")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("start the node-operator");
+        NodeOperator { child, log }
+    }
+}
+
+impl Drop for NodeOperator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("meta node-operator log: {}", self.log.display());
+        }
+    }
+}
+
+/// The meta-cluster's add-ons, rendered by the operator's templates for a
+/// cluster with the meta-cluster's networks, whose API hosts reach at
+/// `server`, and applied.
+async fn apply_addons(client: &kube::Client, env: &KubeEnv, server: &str) {
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+            .expect("the Minimal example");
+    cluster.spec.network.service_cidr = META_SERVICE_CIDR.into();
+    cluster.spec.network.pod_cidr = META_POD_CIDR.into();
+    let settings = addons::Settings {
+        registry: "registry.k8s.io",
+        operator_version: env!("CARGO_PKG_VERSION"),
+        node_operator_image: "node-operator",
+    };
+    let ca_pem = env_ca_pem(env);
+    let names = Names::new(&cluster, "cluster.local");
+    let facts = addons::Facts {
+        names: &names,
+        endpoint: server,
+        ca_pem: &ca_pem,
+    };
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    for plan in addons::plan(&cluster, &settings, &[], &[]) {
+        let addons::Plan::Apply(planned) = plan else {
+            continue;
+        };
+        if !META_ADDONS.contains(&planned.name.as_str()) {
+            continue;
+        }
+        let rendered = addons::render(&planned, &cluster, &facts, &settings)
+            .unwrap_or_else(|e| panic!("rendering {}: {e}", planned.name));
+        for object in rendered.objects {
+            apply_object(client, &discovery, object).await;
+        }
+    }
+}
+
+fn env_ca_pem(env: &KubeEnv) -> String {
+    use base64::Engine as _;
+    let data = env.kubeconfig().clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.certificate_authority_data.clone())
+        .expect("the CA in the admin kubeconfig");
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .expect("base64"),
+    )
+    .expect("PEM")
+}
+
+async fn apply_object(client: &kube::Client, discovery: &Discovery, object: DynamicObject) {
+    let types = object.types.clone().expect("types");
+    let gvk = kube::api::GroupVersionKind::try_from(&types).expect("gvk");
+    let (resource, caps): (ApiResource, _) = discovery
+        .resolve_gvk(&gvk)
+        .unwrap_or_else(|| panic!("{gvk:?} is served"));
+    let api: Api<DynamicObject> = match (caps.scope, object.namespace()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    let mut value = serde_json::to_value(&object).expect("json");
+    value["apiVersion"] = resource.api_version.clone().into();
+    value["kind"] = resource.kind.clone().into();
+    api.patch(
+        &object.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("applying {} {}: {e}", resource.kind, object.name_any()));
+}
+
+/// kubectl against the meta-cluster.
+struct Kubectl {
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write;
+        let mut child = Command::new(kok_testenv::bins::bin("kubectl").expect("kubectl"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg("--request-timeout=30s")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(text.as_bytes())
+                .expect("write kubectl's stdin");
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("kubectl output");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn apply(&self, yaml: &str) {
+        self.run(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager",
+                MANAGER,
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        )
+        .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
+    }
+
+    fn json(&self, args: &[&str]) -> Result<Value, String> {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        let out = self.run(&all, None)?;
+        serde_json::from_str(&out).map_err(|e| e.to_string())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn meta_workers_are_machines_made_real_nodes_by_the_node_operator() {
+    let t0 = Instant::now();
+    let meta = Meta::start(3).await;
+    println!("meta control plane and add-ons up after {:?}", t0.elapsed());
+    let applied = Instant::now();
+    meta.apply_machines();
+    let nodes = meta.wait_nodes_ready(Duration::from_secs(420)).await;
+    println!(
+        "Machines applied → {} meta workers Ready in {:?}",
+        nodes.len(),
+        applied.elapsed()
+    );
+    meta.wait_pods_ready("kube-proxy", "k8s-app=kube-proxy", 3)
+        .await;
+    meta.wait_pods_ready("kube-router", "k8s-app=kube-router", 3)
+        .await;
+    meta.wait_pods_ready("CoreDNS", "k8s-app=kube-dns", 1).await;
+    println!("meta add-ons running after {:?}", applied.elapsed());
+
+    // A Pod on a meta worker finds the API server by its Service name
+    // (CoreDNS, kube-proxy) and reaches it.
+    let probe = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {
+            "containers": [{
+                "name": "agnhost",
+                "image": "registry.k8s.io/e2e-test-images/agnhost:2.59",
+                "args": ["pause"],
+            }],
+        },
+    });
+    meta.kubectl.apply(&probe.to_string());
+    meta.kubectl
+        .run(
+            &[
+                "wait",
+                "--for=condition=Ready",
+                "pod/probe",
+                "--timeout=180s",
+            ],
+            None,
+        )
+        .expect("the probe Pod runs");
+    let answer = wait_for(
+        "the API server answering a meta Pod by its Service name",
+        Duration::from_secs(60),
+        async || {
+            meta.kubectl
+                .run(
+                    &[
+                        "exec",
+                        "probe",
+                        "--",
+                        "curl",
+                        "-sk",
+                        "--max-time",
+                        "5",
+                        "https://kubernetes.default.svc.cluster.local/version",
+                    ],
+                    None,
+                )
+                .ok()
+                .filter(|out| out.contains("gitVersion"))
+        },
+    )
+    .await;
+    assert!(answer.contains("v1.35"), "{answer}");
+}
