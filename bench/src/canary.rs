@@ -172,6 +172,7 @@ async fn node_operator(args: &Args) -> Result<Sample> {
         install_crds: true,
         controller_manager_qps: None,
         node_monitor_grace: None,
+        real_nodes: None,
     })
     .context("start the business cluster")?;
     let client = env.client().await;

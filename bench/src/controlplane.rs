@@ -118,6 +118,7 @@ pub(crate) fn meta_cluster() -> Result<&'static KubeEnv> {
             install_crds: true,
             controller_manager_qps: None,
             node_monitor_grace: None,
+            real_nodes: None,
         })
         .context("start the meta-cluster")?,
     )))

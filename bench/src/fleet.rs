@@ -232,6 +232,7 @@ async fn one_run(args: &Args, operator: &PathBuf, n: usize, mode: ClusterMode) -
         controller_manager_qps: (args.controller_manager_qps > 0)
             .then_some(args.controller_manager_qps),
         node_monitor_grace: None,
+        real_nodes: None,
     })
     .context("start the meta-cluster")?;
     let client = env.client().await;

@@ -72,6 +72,7 @@ pub async fn run(args: Args) -> Result<()> {
         install_crds: true,
         controller_manager_qps: None,
         node_monitor_grace: None,
+        real_nodes: None,
     })
     .context("start the business cluster")?;
     let client = env.client().await;

@@ -53,6 +53,20 @@ pub fn restricted() -> k8s_openapi::api::core::v1::SecurityContext {
     }
 }
 
+/// The user and group the images of the node-operator and of konnectivity's
+/// server run as (distroless' `nonroot`).
+pub const NON_ROOT: i64 = 65532;
+
+/// [`restricted`], as [`NON_ROOT`] whatever user the image names.
+pub fn restricted_non_root() -> k8s_openapi::api::core::v1::SecurityContext {
+    k8s_openapi::api::core::v1::SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NON_ROOT),
+        run_as_group: Some(NON_ROOT),
+        ..restricted()
+    }
+}
+
 /// The Pod-level counterpart of [`restricted`].
 pub fn restricted_pod() -> k8s_openapi::api::core::v1::PodSecurityContext {
     k8s_openapi::api::core::v1::PodSecurityContext {

@@ -15,10 +15,12 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use kok_testenv::hosts::TestHosts;
 use kok_testenv::kube_env::{KubeEnv, Options, RealNodes};
 use kok_testenv::node_software::{self, PackageVersionsOptions};
@@ -29,6 +31,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
 use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::{ExposureType, Placement};
 use kube_on_kube_operator::names::Names;
 use kube_on_kube_operator::render::addons;
 use serde_json::{Value, json};
@@ -46,6 +49,12 @@ const META_DNS: &str = "10.0.0.10";
 /// run on (the Production example's placement selects it).
 const CONTROL_PLANE_LABEL: &str = "node-role.kubeonkube.io/control-plane";
 
+/// The chart's release and namespace; the bootstrap node-operator takes
+/// part in the chart's leader election, so the chart's replicas take over
+/// from it.
+const RELEASE: &str = "kube-on-kube";
+const RELEASE_NAMESPACE: &str = "kok-system";
+
 /// Field manager of what the test applies.
 const MANAGER: &str = "meta-cluster-test";
 
@@ -62,9 +71,9 @@ const META_ADDONS: [&str; 4] = [
 /// Machines. Fields drop in order: the node-operator first, the forwarder
 /// before the hosts whose bridge it listens on.
 struct Meta {
-    _node_operator: NodeOperator,
+    node_operator: NodeOperator,
     _proxy: TcpProxy,
-    _env: KubeEnv,
+    env: KubeEnv,
     kubectl: Kubectl,
     _registry: Registry,
     hosts: TestHosts,
@@ -116,11 +125,14 @@ impl Meta {
         let key = node_software::example_ssh_key(&hosts).expect("the key Secret");
         kubectl.apply(&serde_json::to_string(&key).expect("json"));
 
+        kubectl
+            .run(&["create", "namespace", RELEASE_NAMESPACE], None)
+            .expect("the release namespace");
         let node_operator = NodeOperator::start(&env);
         Meta {
-            _node_operator: node_operator,
+            node_operator,
             _proxy: proxy,
-            _env: env,
+            env,
             kubectl,
             _registry: registry,
             hosts,
@@ -200,6 +212,58 @@ impl Meta {
     }
 }
 
+impl Meta {
+    /// The operators' images from this build, then the chart installed with
+    /// them (`helm upgrade --install --wait`), the node-operator for the
+    /// meta-cluster's own Machines enabled; the bootstrap node-operator
+    /// hands its Lease over to the chart's.
+    async fn install_chart(&mut self) {
+        let bin_dir = common::node_operator_binary()
+            .parent()
+            .expect("the binaries' directory")
+            .to_path_buf();
+        let pushed = node_software::push_operator_images(&bin_dir, env!("CARGO_PKG_VERSION"))
+            .expect("the operators' images");
+        println!("pushed {pushed:?}");
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kube-on-kube");
+        let home = tempfile::tempdir().expect("helm's home");
+        let out = Command::new(kok_testenv::bins::bin("helm").expect("helm"))
+            .args(["upgrade", "--install", RELEASE])
+            .arg(&chart)
+            .args(["--namespace", RELEASE_NAMESPACE, "--wait", "--timeout=5m"])
+            .args(["--set", "nodeOperator.enabled=true"])
+            .args(["--set", "nodeOperator.sshKeySecretNamespaces={kube-system}"])
+            .args(["--set", &format!("nodeOperator.clusterDNS={META_DNS}")])
+            .args(["--set", "nodeOperator.recheckInterval=20s"])
+            .env("KUBECONFIG", self.env.kubeconfig_path())
+            .env("HELM_CACHE_HOME", home.path().join("cache"))
+            .env("HELM_CONFIG_HOME", home.path().join("config"))
+            .env("HELM_DATA_HOME", home.path().join("data"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run helm");
+        assert!(
+            out.status.success(),
+            "helm install: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.node_operator.stop();
+        let leases: Api<Lease> = Api::namespaced(self.env.client().await, RELEASE_NAMESPACE);
+        let holder = wait_for(
+            "a node-operator Pod of the chart to lead",
+            Duration::from_secs(90),
+            async || {
+                let lease = leases.get_opt("node-operator").await.ok()??;
+                let holder = lease.spec?.holder_identity?;
+                holder.contains("node-operator-").then_some(holder)
+            },
+        )
+        .await;
+        println!("the chart's node-operator {holder} leads");
+    }
+}
+
 /// The meta-cluster's node-operator, as a process beside its control plane
 /// (as the control plane's own programs run); killed when dropped.
 struct NodeOperator {
@@ -216,6 +280,7 @@ impl NodeOperator {
             .arg(format!("--cluster-dns={META_DNS}"))
             .arg("--http-address=127.0.0.1:0")
             .arg("--recheck-interval=20s")
+            .arg(format!("--leader-election-namespace={RELEASE_NAMESPACE}"))
             .arg("--log-level=info,node_operator=debug")
             .env("POD_NAME", "meta-node-operator")
             .stdin(Stdio::null())
@@ -224,6 +289,17 @@ impl NodeOperator {
             .spawn()
             .expect("start the node-operator");
         NodeOperator { child, log }
+    }
+}
+
+impl NodeOperator {
+    /// SIGTERM, as a Pod is stopped: it releases the Lease on its way out.
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
     }
 }
 
@@ -372,9 +448,9 @@ impl Kubectl {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn meta_workers_are_machines_made_real_nodes_by_the_node_operator() {
+async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machines() {
     let t0 = Instant::now();
-    let meta = Meta::start(3).await;
+    let mut meta = Meta::start(3).await;
     println!("meta control plane and add-ons up after {:?}", t0.elapsed());
     let applied = Instant::now();
     meta.apply_machines();
@@ -440,4 +516,69 @@ async fn meta_workers_are_machines_made_real_nodes_by_the_node_operator() {
     )
     .await;
     assert!(answer.contains("v1.35"), "{answer}");
+
+    // The operators from their images, installed by the chart.
+    let installed = Instant::now();
+    meta.install_chart().await;
+    println!(
+        "the chart's operators run from their images after {:?}",
+        installed.elapsed()
+    );
+
+    // A Minimal business cluster on the meta workers, every component in a
+    // real container.
+    let client = meta.env.client().await;
+    let ns = "tenant-a";
+    meta.kubectl
+        .run(&["create", "namespace", ns], None)
+        .expect("the tenant's namespace");
+    let mut cluster: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+            .expect("the Minimal example");
+    cluster.metadata.namespace = Some(ns.into());
+    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
+    cluster.spec.placement = Some(Placement {
+        node_selector: [(CONTROL_PLANE_LABEL.to_string(), String::new())].into(),
+        tolerations: vec![],
+    });
+    let name = cluster.name_any();
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
+    let created = Instant::now();
+    clusters
+        .create(&Default::default(), &cluster)
+        .await
+        .expect("create the Cluster");
+    common::wait_cluster(
+        &clusters,
+        &name,
+        "every condition True",
+        Duration::from_secs(360),
+        common::all_ready,
+    )
+    .await;
+    println!(
+        "Cluster {ns}/{name} Ready {:?} after it was created",
+        created.elapsed()
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&Default::default())
+        .await
+        .expect("the tenant's Pods");
+    let mut seen = BTreeSet::new();
+    for pod in &list.items {
+        let status = pod.status.clone().unwrap_or_default();
+        for c in status.container_statuses.unwrap_or_default() {
+            let id = c.container_id.unwrap_or_default();
+            assert!(
+                id.starts_with("containerd://") && c.ready,
+                "{} {}: {id} ready={}",
+                pod.name_any(),
+                c.name,
+                c.ready
+            );
+            seen.insert(c.image);
+        }
+    }
+    println!("images running in the tenant's namespace: {seen:?}");
 }

@@ -123,6 +123,15 @@ pub fn images_dir() -> Result<PathBuf, Error> {
     cached_dir("node-images.sh")
 }
 
+/// Pushes the operators' images made of the binaries in `bin_dir`
+/// (`scripts/operator-images.sh`) into the storage [`Registry::start_with_node_images`]
+/// serves, under the chart's names and `tag`; their references with digests.
+pub fn push_operator_images(bin_dir: &Path, tag: &str) -> Result<Vec<String>, Error> {
+    let dir = bin_dir.display().to_string();
+    let out = run_script("operator-images.sh", &[&dir, tag])?;
+    Ok(out.lines().map(str::to_owned).collect())
+}
+
 /// `scripts/registry-bins.sh`'s directory, holding `registry` and `crane`.
 pub fn registry_bin_dir() -> Result<PathBuf, Error> {
     cached_dir("registry-bins.sh")

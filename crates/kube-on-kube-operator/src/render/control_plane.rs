@@ -488,6 +488,15 @@ pub fn apiserver(
         pod_spec
             .containers
             .push(konnectivity_server(cluster, konnectivity));
+        // The server runs as upstream's image does, as a user that is not
+        // root: the Pod's group lets it read the certificate and kubeconfig
+        // (mode 0400 to their owner, root, group-readable with it) and lets
+        // kube-apiserver (root without CAP_DAC_OVERRIDE) use the socket it
+        // creates for its owner and group.
+        pod_spec
+            .security_context
+            .get_or_insert_with(super::restricted_pod)
+            .fs_group = Some(super::NON_ROOT);
     }
     with_audit(&mut deployment, cluster, names);
     with_kms(&mut deployment, cluster, names);
@@ -772,7 +781,7 @@ fn konnectivity_server(cluster: &Cluster, konnectivity: &Konnectivity) -> Contai
         // No readiness probe: the server's /readyz fails until an agent has
         // connected, and agents only come once the API (this Pod) serves.
         liveness_probe: Some(probe("HTTP", "/healthz", KONNECTIVITY_HEALTH_PORT, 8, 15)),
-        security_context: Some(super::restricted()),
+        security_context: Some(super::restricted_non_root()),
         volume_mounts: Some(vec![
             mount("pki", PKI),
             mount("kubeconfig", KUBECONFIG_DIR),
