@@ -53,8 +53,10 @@ pub fn restricted() -> k8s_openapi::api::core::v1::SecurityContext {
     }
 }
 
-/// The user and group the images of the node-operator and of konnectivity's
-/// server run as (distroless' `nonroot`).
+/// The user and group every control-plane container runs as (distroless'
+/// `nonroot`, the user the node-operator's and konnectivity's images name;
+/// upstream's kube-apiserver, controller-manager, scheduler and etcd run
+/// as any user that can read their files).
 pub const NON_ROOT: i64 = 65532;
 
 /// [`restricted`], as [`NON_ROOT`] whatever user the image names.
@@ -64,6 +66,17 @@ pub fn restricted_non_root() -> k8s_openapi::api::core::v1::SecurityContext {
         run_as_user: Some(NON_ROOT),
         run_as_group: Some(NON_ROOT),
         ..restricted()
+    }
+}
+
+/// [`restricted_pod`] whose volumes (certificates and kubeconfigs of mode
+/// 0400, data directories) are group-owned by [`NON_ROOT`], so containers
+/// running as it can read and write them.
+pub fn restricted_pod_non_root() -> k8s_openapi::api::core::v1::PodSecurityContext {
+    k8s_openapi::api::core::v1::PodSecurityContext {
+        run_as_non_root: Some(true),
+        fs_group: Some(NON_ROOT),
+        ..restricted_pod()
     }
 }
 

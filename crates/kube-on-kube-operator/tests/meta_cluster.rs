@@ -125,9 +125,7 @@ impl Meta {
         let key = node_software::example_ssh_key(&hosts).expect("the key Secret");
         kubectl.apply(&serde_json::to_string(&key).expect("json"));
 
-        kubectl
-            .run(&["create", "namespace", RELEASE_NAMESPACE], None)
-            .expect("the release namespace");
+        kubectl.apply(&restricted_namespace(RELEASE_NAMESPACE));
         let node_operator = NodeOperator::start(&env);
         Meta {
             node_operator,
@@ -262,6 +260,20 @@ impl Meta {
         .await;
         println!("the chart's node-operator {holder} leads");
     }
+}
+
+/// A namespace whose Pods Pod Security Admission admits only under the
+/// `restricted` standard (not root, no privilege escalation, every
+/// capability dropped, the runtime's seccomp profile, no node directories).
+fn restricted_namespace(name: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest",
+        }},
+    })
+    .to_string()
 }
 
 /// The meta-cluster's node-operator, as a process beside its control plane
@@ -526,12 +538,10 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
     );
 
     // A Minimal business cluster on the meta workers, every component in a
-    // real container.
+    // real container, in a namespace that admits restricted Pods only.
     let client = meta.env.client().await;
     let ns = "tenant-a";
-    meta.kubectl
-        .run(&["create", "namespace", ns], None)
-        .expect("the tenant's namespace");
+    meta.kubectl.apply(&restricted_namespace(ns));
     let mut cluster: Cluster =
         serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
             .expect("the Minimal example");

@@ -685,9 +685,6 @@ pub fn node_operator(
         args: Some(node_operator_args(cluster, values, &config.meta_networks)),
         resources: Some(config.node_operator_resources.clone()),
         volume_mounts: Some(vec![control_plane::mount("kubeconfig", KUBECONFIG_DIR)]),
-        // Not root; its kubeconfig (mode 0400) is readable through the
-        // Pod's group.
-        security_context: Some(super::restricted_non_root()),
         ..Default::default()
     };
     let mut deployment = control_plane::deployment(
@@ -705,11 +702,6 @@ pub fn node_operator(
         .unwrap_or(1);
     if let Some(spec) = deployment.spec.as_mut() {
         spec.replicas = Some(replicas);
-        if let Some(pod) = spec.template.spec.as_mut() {
-            pod.security_context
-                .get_or_insert_with(super::restricted_pod)
-                .fs_group = Some(super::NON_ROOT);
-        }
     }
     deployment
 }

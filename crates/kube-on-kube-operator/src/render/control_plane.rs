@@ -169,15 +169,16 @@ pub(crate) fn deployment(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    // Restricted, unless the caller made it stricter.
+                    // Restricted and not root, unless the caller made it
+                    // stricter. The Pod's group reads the certificates.
                     containers: vec![Container {
                         security_context: container
                             .security_context
                             .clone()
-                            .or_else(|| Some(super::restricted())),
+                            .or_else(|| Some(super::restricted_non_root())),
                         ..container
                     }],
-                    security_context: Some(super::restricted_pod()),
+                    security_context: Some(super::restricted_pod_non_root()),
                     volumes: Some(volumes),
                     node_selector: Some(placement.node_selector).filter(|s| !s.is_empty()),
                     tolerations: Some(placement.tolerations).filter(|t| !t.is_empty()),
@@ -488,15 +489,6 @@ pub fn apiserver(
         pod_spec
             .containers
             .push(konnectivity_server(cluster, konnectivity));
-        // The server runs as upstream's image does, as a user that is not
-        // root: the Pod's group lets it read the certificate and kubeconfig
-        // (mode 0400 to their owner, root, group-readable with it) and lets
-        // kube-apiserver (root without CAP_DAC_OVERRIDE) use the socket it
-        // creates for its owner and group.
-        pod_spec
-            .security_context
-            .get_or_insert_with(super::restricted_pod)
-            .fs_group = Some(super::NON_ROOT);
     }
     with_audit(&mut deployment, cluster, names);
     with_kms(&mut deployment, cluster, names);
@@ -597,7 +589,7 @@ fn with_kms(deployment: &mut Deployment, cluster: &Cluster, names: &Names) {
             ),
             ..Default::default()
         }),
-        security_context: Some(super::restricted()),
+        security_context: Some(super::restricted_non_root()),
         volume_mounts: Some(mounts),
         ..Default::default()
     });

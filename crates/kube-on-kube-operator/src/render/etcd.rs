@@ -187,6 +187,16 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
         }),
         ..Default::default()
     };
+    // A node's directory is root's: no Pod group is given it (the kubelet
+    // changes the group of claims and emptyDirs only), so etcd stays root
+    // there.
+    let on_host_path = spec.etcd.storage.claim_template.is_none()
+        && spec
+            .etcd
+            .storage
+            .volume_source
+            .as_ref()
+            .is_some_and(|s| s.host_path.is_some());
     let data = match (
         &spec.etcd.storage.claim_template,
         &spec.etcd.storage.volume_source,
@@ -269,11 +279,19 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
             termination_grace_period_seconds: Some(30),
             enable_service_links: Some(false),
             automount_service_account_token: Some(false),
-            security_context: Some(super::restricted_pod()),
+            security_context: Some(if on_host_path {
+                super::restricted_pod()
+            } else {
+                super::restricted_pod_non_root()
+            }),
             containers: vec![Container {
                 name: "etcd".into(),
                 image: Some(m.image.into()),
-                security_context: Some(super::restricted()),
+                security_context: Some(if on_host_path {
+                    super::restricted()
+                } else {
+                    super::restricted_non_root()
+                }),
                 command: Some(vec!["etcd".into()]),
                 args: Some(args),
                 env: Some(vec![EnvVar {
@@ -685,6 +703,58 @@ mod tests {
                 .contains_key(MEMBER_LABEL)
         );
         assert!(member_claim(&c, &n, 0).is_some());
+    }
+}
+
+#[cfg(test)]
+mod users {
+    use super::*;
+
+    fn member(storage: serde_json::Value) -> Pod {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
+                .expect("example");
+        c.spec.etcd.storage = serde_json::from_value(storage).expect("storage");
+        let n = Names::new(&c, "cluster.local");
+        member_pod(
+            &c,
+            &n,
+            &MemberPod {
+                index: 0,
+                initial_cluster: &[],
+                state: ClusterState::New,
+                version: "3.6.16",
+                image: "registry.k8s.io/etcd:3.6.16-0",
+                config_hash: "abc",
+            },
+        )
+    }
+
+    fn users(pod: &Pod) -> (Option<i64>, Option<i64>, Option<bool>) {
+        let spec = pod.spec.as_ref().expect("spec");
+        let pod_sc = spec.security_context.clone().expect("pod securityContext");
+        let sc = spec.containers[0]
+            .security_context
+            .clone()
+            .expect("securityContext");
+        (sc.run_as_user, pod_sc.fs_group, sc.run_as_non_root)
+    }
+
+    #[test]
+    fn etcd_runs_as_a_user_that_is_not_root_unless_its_data_is_a_node_directory() {
+        let claim = serde_json::json!({"claimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}}}});
+        let empty = serde_json::json!({"volumeSource": {"emptyDir": {}}});
+        let node = serde_json::json!({"volumeSource": {"hostPath": {"path": "/var/lib/kok"}}});
+        let non_root = (
+            Some(crate::render::NON_ROOT),
+            Some(crate::render::NON_ROOT),
+            Some(true),
+        );
+        assert_eq!(users(&member(claim)), non_root);
+        assert_eq!(users(&member(empty)), non_root);
+        assert_eq!(users(&member(node)), (None, None, None));
     }
 }
 
