@@ -38,9 +38,9 @@ pub fn component_labels(names: &Names, component: Component) -> BTreeMap<String,
 }
 
 /// What every control-plane container runs with: no privilege escalation,
-/// no capabilities, the runtime's default seccomp profile. (They run as
-/// the image's user: etcd writes data directories the kubelet made for
-/// root.)
+/// no capabilities, the runtime's default seccomp profile; as the image's
+/// user (root for etcd on a node directory), see [`restricted_non_root`]
+/// for the others.
 pub fn restricted() -> k8s_openapi::api::core::v1::SecurityContext {
     k8s_openapi::api::core::v1::SecurityContext {
         allow_privilege_escalation: Some(false),

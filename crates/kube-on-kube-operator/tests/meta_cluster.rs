@@ -55,6 +55,10 @@ const CONTROL_PLANE_LABEL: &str = "node-role.kubeonkube.io/control-plane";
 const RELEASE: &str = "kube-on-kube";
 const RELEASE_NAMESPACE: &str = "kok-system";
 
+/// The release a Cluster is made at and the one it is upgraded to.
+const FROM_VERSION: &str = "1.35.3";
+const TO_VERSION: &str = "1.35.4";
+
 /// Field manager of what the test applies.
 const MANAGER: &str = "meta-cluster-test";
 
@@ -260,6 +264,75 @@ impl Meta {
         .await;
         println!("the chart's node-operator {holder} leads");
     }
+}
+
+impl Meta {
+    /// SIGKILLs the leading kube-on-kube-operator's process on its meta
+    /// worker; the Pod's name.
+    async fn kill_operator_leader(&self) -> String {
+        let client = self.env.client().await;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+        let leader = wait_for(
+            "a kube-on-kube-operator to lead",
+            Duration::from_secs(60),
+            async || {
+                let lease = leases.get_opt("kube-on-kube-operator").await.ok()??;
+                lease.spec?.holder_identity
+            },
+        )
+        .await;
+        let pods: Api<Pod> = Api::namespaced(client, RELEASE_NAMESPACE);
+        let pod = pods.get(&leader).await.expect("the leader's Pod");
+        let node = pod
+            .spec
+            .and_then(|s| s.node_name)
+            .expect("the leader's node");
+        let host = self
+            .hosts
+            .hosts()
+            .iter()
+            .find(|h| h.name() == node)
+            .expect("the leader's meta worker");
+        let out = host.ssh("pkill -KILL -f /usr/local/bin/kube-on-kube-operator");
+        assert!(out.status.success(), "pkill on {node}: {out:?}");
+        leader
+    }
+
+    /// Waits until `pod` of the release has restarted its container and
+    /// is ready again.
+    async fn wait_restarted(&self, pod: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.env.client().await, RELEASE_NAMESPACE);
+        wait_for(
+            &format!("{pod} to run again from its image"),
+            Duration::from_secs(120),
+            async || {
+                let p = pods.get(pod).await.ok()?;
+                let c = p.status?.container_statuses?.into_iter().next()?;
+                (c.restart_count >= 1 && c.ready).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// Ready for the latest spec, every stateless component reported at
+/// `version`, no upgrade under way.
+fn settled_at(c: &Cluster, version: &str) -> bool {
+    let Some(status) = c.status.as_ref() else {
+        return false;
+    };
+    let components = status.components.as_ref();
+    let versions = [
+        components.and_then(|x| x.api_server.version.clone()),
+        components.and_then(|x| x.controller_manager.version.clone()),
+        components.and_then(|x| x.scheduler.version.clone()),
+    ];
+    status.observed_generation == c.metadata.generation
+        && common::all_ready(c)
+        && versions.iter().all(|v| v.as_deref() == Some(version))
+        && status
+            .condition("Progressing")
+            .is_some_and(|p| p.status == "False" && p.reason == "UpToDate")
 }
 
 /// A namespace whose Pods Pod Security Admission admits only under the
@@ -551,6 +624,8 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         node_selector: [(CONTROL_PLANE_LABEL.to_string(), String::new())].into(),
         tolerations: vec![],
     });
+    // At the previous patch release, upgraded below.
+    cluster.spec.version = FROM_VERSION.into();
     let name = cluster.name_any();
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
     let created = Instant::now();
@@ -558,6 +633,10 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         .create(&Default::default(), &cluster)
         .await
         .expect("create the Cluster");
+
+    // The operator that leads is killed while it makes the control plane:
+    // its container comes back from its image, and the Cluster converges.
+    let killed = meta.kill_operator_leader().await;
     common::wait_cluster(
         &clusters,
         &name,
@@ -567,16 +646,42 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
     )
     .await;
     println!(
-        "Cluster {ns}/{name} Ready {:?} after it was created",
+        "Cluster {ns}/{name} Ready {:?} after it was created (operator {killed} killed on the way)",
         created.elapsed()
     );
+    meta.wait_restarted(&killed).await;
+
+    // A version upgrade pulls the next release's images and rolls onto them.
+    let upgraded = Instant::now();
+    clusters
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": TO_VERSION}})),
+        )
+        .await
+        .expect("upgrade the Cluster");
+    common::wait_cluster(
+        &clusters,
+        &name,
+        &format!("every component at v{TO_VERSION}"),
+        Duration::from_secs(360),
+        |c| settled_at(c, TO_VERSION),
+    )
+    .await;
+    println!("upgraded to v{TO_VERSION} in {:?}", upgraded.elapsed());
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let list = pods
         .list(&Default::default())
         .await
         .expect("the tenant's Pods");
     let mut seen = BTreeSet::new();
-    for pod in &list.items {
+    // Replaced Pods may still be on their way out.
+    for pod in list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
         let status = pod.status.clone().unwrap_or_default();
         for c in status.container_statuses.unwrap_or_default() {
             let id = c.container_id.unwrap_or_default();
@@ -591,4 +696,12 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         }
     }
     println!("images running in the tenant's namespace: {seen:?}");
+    for component in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        let image = format!("registry.k8s.io/{component}:v{TO_VERSION}");
+        assert!(seen.contains(&image), "{image} runs: {seen:?}");
+    }
 }
