@@ -59,6 +59,11 @@ pub struct Config {
     /// The meta-cluster's own networks, which no Machine may be in
     /// (`--meta-cluster-networks`).
     pub meta_networks: Vec<kok_common::network::Network>,
+    /// The namespace the operator runs in (`--operator-namespace`, its Pod's):
+    /// each Cluster's etcd admits clients from it. None (run outside the
+    /// meta-cluster): no NetworkPolicy fences etcd, since the operator's own
+    /// connections would not come from a namespace.
+    pub operator_namespace: Option<String>,
     /// Namespace whose add-on template ConfigMaps every Cluster can use, besides
     /// its own namespace's.
     pub addon_template_namespace: Option<String>,
@@ -107,6 +112,7 @@ impl Default for Config {
             .expect("the default parses"),
             meta_networks: Vec::new(),
             addon_template_namespace: None,
+            operator_namespace: None,
             addon_retry: ADDON_RETRY_FIRST,
             etcd_failed_after: ETCD_FAILED_AFTER,
             policy: Default::default(),

@@ -45,6 +45,12 @@ struct Args {
     /// can override it with `spec.addons[{name: node-operator}].values.image`.
     #[arg(long, env = "KOK_NODE_OPERATOR_IMAGE")]
     node_operator_image: Option<String>,
+    /// The namespace this operator runs in (the chart passes its Pod's).
+    /// Each Cluster gets a NetworkPolicy that lets only its own Pods and
+    /// Pods of this namespace reach its etcd members. Unset (the operator
+    /// runs outside the meta-cluster): no such NetworkPolicy.
+    #[arg(long, env = "POD_NAMESPACE")]
+    operator_namespace: Option<String>,
     /// Namespace whose ConfigMaps labelled `kubeonkube.io/addon-template`
     /// register add-on templates for every Cluster (each Cluster's own namespace
     /// is always searched first).
@@ -192,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
         snapshot_gateway_resources: args.snapshot_gateway_resources,
         meta_networks: args.meta_cluster_networks,
         addon_template_namespace: args.addon_template_namespace,
+        operator_namespace: args.operator_namespace.filter(|ns| !ns.is_empty()),
         addon_retry: args.addon_retry,
         etcd_failed_after: args.etcd_failed_after,
         policy: args.policy.policy(),

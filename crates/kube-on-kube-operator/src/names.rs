@@ -121,6 +121,10 @@ impl Names {
     pub fn etcd_disruption_budget(&self) -> String {
         self.prefixed("etcd")
     }
+    /// NetworkPolicy fencing the etcd members.
+    pub fn etcd_network_policy(&self) -> String {
+        self.prefixed("etcd")
+    }
     /// Deployment of a stateless component.
     pub fn deployment(&self, component: Component) -> String {
         self.prefixed(component.as_str())

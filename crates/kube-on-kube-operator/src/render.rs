@@ -8,6 +8,7 @@ pub mod etcd;
 #[cfg(test)]
 mod golden;
 pub mod kubeconfig;
+pub mod network_policy;
 pub mod restore;
 pub mod snapshot_gateway;
 

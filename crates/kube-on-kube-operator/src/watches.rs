@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kok_common::watch::{changes, hash};
 use kube::api::{Api, PartialObjectMeta};
@@ -130,6 +131,13 @@ pub async fn run(client: Client, namespace: Option<String>, concurrency: u16, co
             ctx.clone(),
             metadata(
                 scoped::<PartialObjectMeta<PodDisruptionBudget>>(&client, namespace),
+                &selector,
+            ),
+        ))
+        .owns_stream(ends_addon_waits(
+            ctx.clone(),
+            metadata(
+                scoped::<PartialObjectMeta<NetworkPolicy>>(&client, namespace),
                 &selector,
             ),
         ));

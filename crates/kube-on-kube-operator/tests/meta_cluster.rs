@@ -315,6 +315,84 @@ impl Meta {
     }
 }
 
+impl Meta {
+    /// An agnhost Pod `name` in `ns` that Pod Security's restricted
+    /// standard admits, once it runs; `namespace/name`.
+    fn restricted_pod(&self, ns: &str, name: &str) -> String {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "agnhost",
+                    "image": "registry.k8s.io/e2e-test-images/agnhost:2.59",
+                    "args": ["pause"],
+                    "securityContext": {"allowPrivilegeEscalation": false,
+                        "capabilities": {"drop": ["ALL"]}},
+                }],
+            },
+        });
+        self.kubectl.apply(&pod.to_string());
+        self.kubectl
+            .run(
+                &[
+                    "-n",
+                    ns,
+                    "wait",
+                    "--for=condition=Ready",
+                    &format!("pod/{name}"),
+                    "--timeout=180s",
+                ],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("{ns}/{name} runs: {e}"));
+        format!("{ns}/{name}")
+    }
+
+    /// The IP of the one Pod in `ns` matching `selector`.
+    fn pod_ip(&self, ns: &str, selector: &str) -> String {
+        let list = self
+            .kubectl
+            .json(&["-n", ns, "get", "pods", "-l", selector])
+            .expect("list Pods");
+        let ips: Vec<String> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(ips.len(), 1, "one Pod {selector} in {ns}: {ips:?}");
+        ips[0].clone()
+    }
+
+    /// Whether `pod` (`namespace/name`) opens a TCP connection to
+    /// `ip:port` within 3 s.
+    fn connects(&self, pod: &str, ip: &str, port: u16) -> bool {
+        let (ns, name) = pod.split_once('/').expect("namespace/name");
+        self.kubectl
+            .run(
+                &[
+                    "-n",
+                    ns,
+                    "exec",
+                    name,
+                    "--",
+                    "nc",
+                    "-z",
+                    "-w",
+                    "3",
+                    ip,
+                    &port.to_string(),
+                ],
+                None,
+            )
+            .is_ok()
+    }
+}
+
 /// Ready for the latest spec, every stateless component reported at
 /// `version`, no upgrade under way.
 fn settled_at(c: &Cluster, version: &str) -> bool {
@@ -407,6 +485,16 @@ async fn apply_addons(client: &kube::Client, env: &KubeEnv, server: &str) {
             .expect("the Minimal example");
     cluster.spec.network.service_cidr = META_SERVICE_CIDR.into();
     cluster.spec.network.pod_cidr = META_POD_CIDR.into();
+    // The meta-cluster's network enforces NetworkPolicies: tenants are
+    // fenced from each other's control planes.
+    cluster.spec.addons.push(
+        serde_json::from_value(json!({
+            "name": addons::KUBE_ROUTER,
+            "version": addons::KUBE_ROUTER_VERSION,
+            "values": {"extraArgs": ["--run-firewall=true"]},
+        }))
+        .expect("the kube-router entry"),
+    );
     let settings = addons::Settings {
         registry: "registry.k8s.io",
         operator_version: env!("CARGO_PKG_VERSION"),
@@ -650,6 +738,24 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         created.elapsed()
     );
     meta.wait_restarted(&killed).await;
+
+    // Another tenant's Pod cannot open a connection to this Cluster's etcd;
+    // its API server's port stays open to clients.
+    meta.kubectl.apply(&restricted_namespace("tenant-b"));
+    let intruder = meta.restricted_pod("tenant-b", "intruder");
+    let etcd_ip = meta.pod_ip(ns, "kubeonkube.io/component=etcd");
+    let apiserver_ip = meta.pod_ip(ns, "kubeonkube.io/component=apiserver");
+    assert!(
+        meta.connects(&intruder, &apiserver_ip, 6443),
+        "tenant-b reaches kube-apiserver at {apiserver_ip}:6443"
+    );
+    for attempt in 1..=3 {
+        assert!(
+            !meta.connects(&intruder, &etcd_ip, 2379),
+            "attempt {attempt}: tenant-b reached tenant-a's etcd at {etcd_ip}:2379"
+        );
+    }
+    println!("tenant-b reaches tenant-a's API server, not its etcd");
 
     // A version upgrade pulls the next release's images and rolls onto them.
     let upgraded = Instant::now();

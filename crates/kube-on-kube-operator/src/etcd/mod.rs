@@ -19,6 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolumeClaim, Pod, PodCondition, Secret, Service,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
@@ -604,6 +605,25 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
         resource_version,
     )
     .await?;
+
+    // Only this Cluster's Pods and the operator reach the members.
+    if let Some(operator_namespace) = &ctx.config.operator_namespace {
+        let policies_api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+        let policies: BTreeMap<String, NetworkPolicy> = list(ctx, &policies_api, names)
+            .await?
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect();
+        apply_if_changed(
+            ctx,
+            names,
+            &policies_api,
+            &crate::render::network_policy::etcd(cluster, names, operator_namespace),
+            &policies,
+            resource_version,
+        )
+        .await?;
+    }
 
     let etcd = match client_for(names, secrets, &slots) {
         Ok(c) => Some(c),
