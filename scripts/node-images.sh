@@ -72,12 +72,24 @@
 #   ghcr.io/versity/versitygw:v1.8.0         github.com/versity/versitygw/cmd/versitygw as
 #                                            /usr/local/bin/versitygw, its entrypoint (the snapshot
 #                                            gateway; the operator passes only arguments)
+#   docker.io/rancher/local-path-provisioner:v0.0.30
+#                                            github.com/rancher/local-path-provisioner as
+#                                            /usr/bin/local-path-provisioner (the meta-cluster's
+#                                            provisioner of etcd claims)
+#   quay.io/metallb/controller:v0.15.2, quay.io/metallb/speaker:v0.15.2
+#                                            go.universe.tf/metallb's controller and speaker
+#                                            (the meta-cluster's LoadBalancer, L2 mode) as
+#                                            /controller and /speaker, as upstream's images
 #   kube-on-kube.test/operator-base:bookworm a Debian rootfs with openssh-client and
 #                                            ca-certificates, user and group nonroot (65532, home
 #                                            /home/nonroot): the operators' images are it plus one
 #                                            layer with the binary (scripts/operator-images.sh,
 #                                            which pushes it from the OCI layout operator-base.oci/
 #                                            kept beside the storage into a registry that lacks it)
+#
+# With --meta, upstream's manifests of the last two, as their releases ship
+# them, are copied to manifests/ beside the storage
+# (local-path-storage.yaml, metallb-native.yaml).
 #
 # The script starts the registry on loopback, builds every layer as a
 # reproducible tarball, and pushes with crane (scripts/registry-bins.sh builds
@@ -130,6 +142,9 @@ ETCD_FROM_VERSION=${ETCD_FROM_VERSION:-3.6.15}
 ETCD_FROM_VERSION=${ETCD_FROM_VERSION#v}
 # The operator's default snapshot gateway (scripts/backup-bins.sh builds it).
 VERSITYGW_VERSION=${VERSITYGW_VERSION:-v1.8.0}
+# The meta-cluster's claim provisioner and load balancer (--meta).
+LOCAL_PATH_VERSION=${LOCAL_PATH_VERSION:-v0.0.30}
+METALLB_VERSION=${METALLB_VERSION:-v0.15.2}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -188,6 +203,8 @@ if [ $meta = yes ]; then
   wanted+=("registry.k8s.io/etcd:$ETCD_VERSION-0" "registry.k8s.io/etcd:$ETCD_FROM_VERSION-0"
     "registry.k8s.io/kas-network-proxy/proxy-server:$KONNECTIVITY_VERSION"
     "ghcr.io/versity/versitygw:$VERSITYGW_VERSION"
+    "docker.io/rancher/local-path-provisioner:$LOCAL_PATH_VERSION"
+    "quay.io/metallb/controller:$METALLB_VERSION" "quay.io/metallb/speaker:$METALLB_VERSION"
     "$OPERATOR_BASE")
 fi
 if [ $e2e = yes ]; then
@@ -216,10 +233,13 @@ fi
 have_operator_base() {
   [ -s "$(marker "$OPERATOR_BASE")" ] && [ -s "$dir/operator-base.oci/index.json" ]
 }
+have_manifests() {
+  [ -s "$dir/manifests/local-path-storage.yaml" ] && [ -s "$dir/manifests/metallb-native.yaml" ]
+}
 have_all() {
   local i
   for i in "${wanted[@]}"; do [ -s "$(marker "$i")" ] || return 1; done
-  [ $meta = no ] || have_operator_base
+  [ $meta = no ] || { have_operator_base && have_manifests; }
 }
 
 if have_all; then
@@ -768,6 +788,49 @@ build_nonewprivs() {
     -- "$dir/layers/nonewprivs-$NONEWPRIVS_TAG.tar"
 }
 
+# --- the meta-cluster's claims and load balancer (--meta) ------------------------
+# A program of a Go module, built in a wrapper module of its own
+# ($dir/src/<name>): the module's own replace directives do not apply.
+go_program() { # name module@version package output
+  local src="$dir/src/$1"
+  mkdir -p "$src"
+  [ -s "$src/go.mod" ] || printf 'module kube-on-kube.test/%s\n\ngo %s\n' "$1" \
+    "$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')" >"$src/go.mod"
+  (cd "$src" && go get "$2" >&2 && gobuild build -trimpath -ldflags "-s -w" -o "$4" "$3")
+}
+# Upstream's image is Alpine with the binary as /usr/bin/local-path-provisioner;
+# the Deployment names the program, so the binary alone does.
+build_local_path() {
+  local stage="$dir/src/local-path-image"
+  rm -rf "$stage" && mkdir -p "$stage/root/usr/bin"
+  go_program local-path-provisioner "github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION" \
+    github.com/rancher/local-path-provisioner "$stage/root/usr/bin/local-path-provisioner"
+  layer "$dir/layers/local-path-provisioner-$LOCAL_PATH_VERSION.tar" "$stage/root"
+  push "docker.io/rancher/local-path-provisioner:$LOCAL_PATH_VERSION" --env PATH=/usr/bin:/bin \
+    --cmd local-path-provisioner -- "$dir/layers/local-path-provisioner-$LOCAL_PATH_VERSION.tar"
+}
+# Upstream's images are distroless with /<component> as the entrypoint.
+build_metallb() { # controller|speaker
+  local stage="$dir/src/metallb-$1-image"
+  rm -rf "$stage" && mkdir -p "$stage/root"
+  go_program metallb "go.universe.tf/metallb@$METALLB_VERSION" "go.universe.tf/metallb/$1" "$stage/root/$1"
+  layer "$dir/layers/metallb-$1-$METALLB_VERSION.tar" "$stage/root"
+  push "quay.io/metallb/$1:$METALLB_VERSION" --entrypoint "/$1" \
+    -- "$dir/layers/metallb-$1-$METALLB_VERSION.tar"
+}
+# Upstream's manifests, from the modules' sources as released.
+meta_manifests() {
+  local lp mlb
+  lp=$(cd "$dir/src/local-path-provisioner" && go list -m -f '{{.Dir}}' github.com/rancher/local-path-provisioner)
+  mlb=$(cd "$dir/src/metallb" && go list -m -f '{{.Dir}}' go.universe.tf/metallb)
+  mkdir -p "$dir/manifests"
+  cp "$lp/deploy/local-path-storage.yaml" "$dir/manifests/local-path-storage.yaml.tmp"
+  cp "$mlb/config/manifests/metallb-native.yaml" "$dir/manifests/metallb-native.yaml.tmp"
+  chmod 0644 "$dir/manifests/"*.tmp
+  mv "$dir/manifests/local-path-storage.yaml.tmp" "$dir/manifests/local-path-storage.yaml"
+  mv "$dir/manifests/metallb-native.yaml.tmp" "$dir/manifests/metallb-native.yaml"
+}
+
 for v in $PAUSE_VERSIONS; do
   [ -s "$(marker "registry.k8s.io/pause:$v")" ] || timed "pause-$v" build_pause "$v"
 done
@@ -809,6 +872,11 @@ if [ $meta = yes ]; then
   done
   [ -s "$(marker "registry.k8s.io/kas-network-proxy/proxy-server:$KONNECTIVITY_VERSION")" ] || timed proxy-server build_konnectivity server
   [ -s "$(marker "ghcr.io/versity/versitygw:$VERSITYGW_VERSION")" ] || timed versitygw build_versitygw
+  [ -s "$(marker "docker.io/rancher/local-path-provisioner:$LOCAL_PATH_VERSION")" ] || timed local-path-provisioner build_local_path
+  for c in controller speaker; do
+    [ -s "$(marker "quay.io/metallb/$c:$METALLB_VERSION")" ] || timed "metallb-$c" build_metallb "$c"
+  done
+  have_manifests || meta_manifests
   have_operator_base || timed operator-base build_operator_base
 fi
 

@@ -14,7 +14,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kok_testenv::hosts::TestHosts;
 use kok_testenv::kube_env::{KubeEnv, Options, RealNodes};
+use kok_testenv::meta_network::{POD_CIDR, PodRoutes};
 use kok_testenv::node_software::{self, PackageVersionsOptions};
 use kok_testenv::proxy::TcpProxy;
 use kok_testenv::registry::Registry;
@@ -31,15 +32,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
 use kube_on_kube_api::Cluster;
-use kube_on_kube_api::cluster::{ExposureType, Placement};
 use kube_on_kube_operator::names::Names;
 use kube_on_kube_operator::render::addons;
 use serde_json::{Value, json};
 
-/// The meta-cluster's Pod network: apart from the test hosts' (10.213/16),
-/// the load balancer's (10.212/16), the Pod runners' (10.214-10.237) and
-/// the business clusters' defaults (10.244/16, 10.96/12).
-const META_POD_CIDR: &str = "10.238.0.0/16";
 /// The test environment's Service network (`kube_env`'s) and its DNS
 /// address, the tenth.
 const META_SERVICE_CIDR: &str = "10.0.0.0/16";
@@ -80,6 +76,7 @@ struct Meta {
     env: KubeEnv,
     kubectl: Kubectl,
     _registry: Registry,
+    routes: PodRoutes,
     hosts: TestHosts,
 }
 
@@ -87,6 +84,8 @@ impl Meta {
     /// Starts the control plane, its add-ons, and the node-operator; no
     /// Machine yet.
     async fn start(hosts: usize) -> Meta {
+        // One real meta-cluster at a time on this machine.
+        let routes = PodRoutes::claim().expect("the meta-cluster's Pod network");
         let hosts = TestHosts::start(hosts).expect("the test hosts");
         let gateway = hosts.gateway_ip();
         let registry = Registry::start_with_node_images(gateway).expect("the registry");
@@ -100,7 +99,7 @@ impl Meta {
             node_monitor_grace: None,
             real_nodes: Some(RealNodes {
                 address: gateway,
-                pod_cidr: META_POD_CIDR,
+                pod_cidr: POD_CIDR,
             }),
         })
         .expect("the meta-cluster's control plane");
@@ -137,6 +136,7 @@ impl Meta {
             env,
             kubectl,
             _registry: registry,
+            routes,
             hosts,
         }
     }
@@ -351,7 +351,7 @@ impl Meta {
         format!("{ns}/{name}")
     }
 
-    /// The IP of the one Pod in `ns` matching `selector`.
+    /// The IP of a Pod in `ns` matching `selector`.
     fn pod_ip(&self, ns: &str, selector: &str) -> String {
         let list = self
             .kubectl
@@ -364,8 +364,9 @@ impl Meta {
             .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
             .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_string))
             .collect();
-        assert_eq!(ips.len(), 1, "one Pod {selector} in {ns}: {ips:?}");
-        ips[0].clone()
+        ips.first()
+            .unwrap_or_else(|| panic!("no Pod {selector} in {ns}"))
+            .clone()
     }
 
     /// Whether `pod` (`namespace/name`) opens a TCP connection to
@@ -411,6 +412,117 @@ fn settled_at(c: &Cluster, version: &str) -> bool {
         && status
             .condition("Progressing")
             .is_some_and(|p| p.status == "False" && p.reason == "UpToDate")
+}
+
+impl Meta {
+    /// Routes every Node's Pod CIDR from this machine, where the API server
+    /// runs, to the Node.
+    fn route_pods(&self) {
+        let nodes = self.kubectl.json(&["get", "nodes"]).expect("list Nodes");
+        for node in nodes["items"].as_array().into_iter().flatten() {
+            let cidr = node["spec"]["podCIDR"].as_str().expect("a Pod CIDR");
+            let address = node["status"]["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|a| a["type"] == "InternalIP")
+                .and_then(|a| a["address"].as_str())
+                .expect("an InternalIP");
+            self.routes
+                .route(cidr, address.parse().expect("an address"))
+                .expect("a route to the Node's Pods");
+        }
+    }
+
+    /// The meta-cluster's claims and LoadBalancers, from upstream's
+    /// manifests as released: local-path-provisioner (the default class,
+    /// volumes under each node's /opt, its helper Pods on busybox) and
+    /// MetalLB in L2 mode answering for [`Meta::pool`] on the hosts'
+    /// network.
+    fn install_storage_and_load_balancer(&self) {
+        let manifests = node_software::images_dir()
+            .expect("the images' directory")
+            .join("manifests");
+        let local_path = std::fs::read_to_string(manifests.join("local-path-storage.yaml"))
+            .expect("local-path-provisioner's manifest")
+            .replace(
+                "image: busybox",
+                "image: registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+            );
+        self.kubectl.apply(&local_path);
+        self.kubectl
+            .run(
+                &[
+                    "annotate",
+                    "storageclass",
+                    "local-path",
+                    "storageclass.kubernetes.io/is-default-class=true",
+                ],
+                None,
+            )
+            .expect("local-path as the default class");
+        let metallb = std::fs::read_to_string(manifests.join("metallb-native.yaml"))
+            .expect("MetalLB's manifest");
+        self.kubectl.apply(&metallb);
+        for (ns, what) in [
+            ("local-path-storage", "deployment/local-path-provisioner"),
+            ("metallb-system", "deployment/controller"),
+            ("metallb-system", "daemonset/speaker"),
+        ] {
+            self.kubectl
+                .run(
+                    &["-n", ns, "rollout", "status", what, "--timeout=180s"],
+                    None,
+                )
+                .unwrap_or_else(|e| panic!("{ns} {what}: {e}"));
+        }
+        let (first, last) = self.pool();
+        let pool = json!({
+            "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "hosts", "namespace": "metallb-system"},
+            "spec": {"addresses": [format!("{first}-{last}")]},
+        });
+        let l2 = json!({
+            "apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement",
+            "metadata": {"name": "hosts", "namespace": "metallb-system"},
+            "spec": {"ipAddressPools": ["hosts"]},
+        });
+        // The controller's webhook serves a moment after it turns ready.
+        for object in [pool, l2] {
+            let text = object.to_string();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match self.kubectl.run(
+                    &[
+                        "apply",
+                        "--server-side",
+                        "--field-manager",
+                        MANAGER,
+                        "-f",
+                        "-",
+                    ],
+                    Some(&text),
+                ) {
+                    Ok(_) => break,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("MetalLB's webhook not yet: {e}");
+                        std::thread::sleep(Duration::from_secs(2));
+                    }
+                    Err(e) => panic!("applying {text}: {e}"),
+                }
+            }
+        }
+    }
+
+    /// The load balancer's addresses: the top of the hosts' /24, which no
+    /// host takes.
+    fn pool(&self) -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
+        let IpAddr::V4(gateway) = self.hosts.gateway_ip() else {
+            panic!("an IPv4 bridge");
+        };
+        let [a, b, c, _] = gateway.octets();
+        ([a, b, c, 200].into(), [a, b, c, 220].into())
+    }
 }
 
 /// A namespace whose Pods Pod Security Admission admits only under the
@@ -484,7 +596,7 @@ async fn apply_addons(client: &kube::Client, env: &KubeEnv, server: &str) {
         serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
             .expect("the Minimal example");
     cluster.spec.network.service_cidr = META_SERVICE_CIDR.into();
-    cluster.spec.network.pod_cidr = META_POD_CIDR.into();
+    cluster.spec.network.pod_cidr = POD_CIDR.into();
     // The meta-cluster's network enforces NetworkPolicies: tenants are
     // fenced from each other's control planes.
     cluster.spec.addons.push(
@@ -639,6 +751,12 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         .await;
     meta.wait_pods_ready("CoreDNS", "k8s-app=kube-dns", 1).await;
     println!("meta add-ons running after {:?}", applied.elapsed());
+    meta.route_pods();
+    meta.install_storage_and_load_balancer();
+    println!(
+        "local-path-provisioner and MetalLB running after {:?}",
+        applied.elapsed()
+    );
 
     // A Pod on a meta worker finds the API server by its Service name
     // (CoreDNS, kube-proxy) and reaches it.
@@ -698,20 +816,31 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         installed.elapsed()
     );
 
-    // A Minimal business cluster on the meta workers, every component in a
-    // real container, in a namespace that admits restricted Pods only.
+    // The Production example on the meta workers, every component in a
+    // real container, in a namespace that admits restricted Pods only: its
+    // etcd members on claims of the meta-cluster's provisioner, its API
+    // exposed by the meta-cluster's load balancer at an address of the
+    // hosts' network.
     let client = meta.env.client().await;
     let ns = "tenant-a";
     meta.kubectl.apply(&restricted_namespace(ns));
+    // The example's metrics-server add-on, registered as a user does.
+    let mut template: Value = serde_norway::from_str(include_str!(
+        "../../../examples/addon-template-metrics-server.yaml"
+    ))
+    .expect("the add-on template example");
+    template["metadata"]["namespace"] = ns.into();
+    meta.kubectl.apply(&template.to_string());
     let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("the Minimal example");
+        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+            .expect("the Production example");
     cluster.metadata.namespace = Some(ns.into());
-    cluster.spec.api_server.external.type_ = ExposureType::ClusterIP;
-    cluster.spec.placement = Some(Placement {
-        node_selector: [(CONTROL_PLANE_LABEL.to_string(), String::new())].into(),
-        tolerations: vec![],
-    });
+    let (lb_address, _) = meta.pool();
+    cluster.spec.api_server.external.addresses = vec![lb_address.to_string()];
+    // The hosts share this machine's two cores: what the example requests
+    // for a dedicated machine would leave its Pods unscheduled.
+    cluster.spec.etcd.component.resources = None;
+    cluster.spec.api_server.component.resources = None;
     // At the previous patch release, upgraded below.
     cluster.spec.version = FROM_VERSION.into();
     let name = cluster.name_any();
@@ -738,6 +867,44 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         created.elapsed()
     );
     meta.wait_restarted(&killed).await;
+
+    // Its API answers at the load balancer's address, from this machine.
+    let status = clusters
+        .get(&name)
+        .await
+        .expect("the Cluster")
+        .status
+        .expect("a status");
+    let endpoint = status.endpoint.clone().expect("an endpoint");
+    assert!(
+        endpoint.contains(&lb_address.to_string()) || endpoint.contains("example.com"),
+        "{endpoint}"
+    );
+    let dir = tempfile::tempdir().expect("a directory");
+    let business = Kubectl {
+        kubeconfig: common::kubeconfig_file(
+            &client,
+            ns,
+            &status
+                .admin_kubeconfig_secret
+                .expect("the admin kubeconfig"),
+            dir.path(),
+        )
+        .await,
+    };
+    let readyz = business
+        .run(
+            &[
+                "--server",
+                &format!("https://{lb_address}:6443"),
+                "get",
+                "--raw",
+                "/readyz",
+            ],
+            None,
+        )
+        .expect("the business API at the load balancer's address");
+    assert_eq!(readyz.trim(), "ok");
 
     // Another tenant's Pod cannot open a connection to this Cluster's etcd;
     // its API server's port stays open to clients.

@@ -12,6 +12,7 @@ pub mod hosts;
 pub mod issuer;
 pub mod kube_env;
 pub mod load_balancer;
+pub mod meta_network;
 pub mod modules;
 pub mod node_software;
 pub mod operator_http;

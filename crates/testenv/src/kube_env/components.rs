@@ -80,7 +80,11 @@ pub(crate) fn apiserver(
     let mut cmd = Command::new(bins::bin("kube-apiserver")?);
     if real_nodes {
         // Test hosts' names resolve nowhere but on the hosts themselves.
-        cmd.arg("--kubelet-preferred-address-types=InternalIP,Hostname")
+        // Webhooks and aggregated APIs at their Pods' addresses, which
+        // this machine routes to (crate::meta_network); no kube-proxy here
+        // makes Service addresses work.
+        cmd.arg("--enable-aggregator-routing=true")
+            .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
             .arg(format!(
                 "--kubelet-client-certificate={}",
                 pki.kubelet_client_cert.display()
