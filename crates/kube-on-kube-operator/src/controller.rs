@@ -603,6 +603,11 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
     // afterwards starts on its own data (which holds every write) rather
     // than on the snapshot again.
     crate::backup::restore::finish(&ctx, &cluster, &names, etcd_report.ready > 0).await?;
+    // Until then no kube-apiserver runs: during a rebuild after a lost
+    // quorum, running ones would write to the restored member before the
+    // record, and a member Pod made again then would restore the snapshot
+    // over those writes.
+    let restoring = crate::render::restore::pending(&cluster).is_some() && etcd_report.ready == 0;
 
     // kube-apiserver's configuration files, before the Pods that mount
     // them: its authentication configuration (with the tenant's JWT
@@ -684,6 +689,7 @@ async fn converge(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Er
             files_hash: files_hash.as_deref(),
             advertise: advertise.as_deref(),
             konnectivity: konnectivity.as_ref(),
+            restoring,
         },
     )
     .await?;

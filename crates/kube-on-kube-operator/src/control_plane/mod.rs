@@ -221,6 +221,9 @@ pub struct Prior<'a> {
     pub advertise: Option<&'a str>,
     /// The konnectivity server beside kube-apiserver, if any.
     pub konnectivity: Option<&'a Konnectivity>,
+    /// etcd is being restored from a snapshot and no restored member serves
+    /// yet: kube-apiserver is held at zero replicas.
+    pub restoring: bool,
 }
 
 /// Plan and apply the three Deployments.
@@ -243,6 +246,7 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
         files_hash,
         advertise,
         konnectivity,
+        restoring,
     } = *prior;
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let inputs = inputs(cluster, names, resolved, deployments, pods, etcd_settled);
@@ -277,7 +281,7 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
         if held && let Some(live) = live_hash(deployments.get(&names.deployment(component))) {
             hash = live;
         }
-        let desired = desired(
+        let mut desired = desired(
             cluster,
             names,
             component,
@@ -288,6 +292,12 @@ pub async fn reconcile(pass: &Pass<'_>, prior: &Prior<'_>) -> Result<Outcome, Er
             advertise,
             konnectivity,
         );
+        if restoring
+            && component == Component::ApiServer
+            && let Some(spec) = desired.spec.as_mut()
+        {
+            spec.replicas = Some(0);
+        }
         apply_if_changed(ctx, names, &api, &desired, deployments, generation).await
     };
     let apiserver = if apiserver_waits(
