@@ -13,6 +13,8 @@
 
 mod common;
 
+use common::Kubectl;
+
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -167,17 +169,11 @@ impl Meta {
             .map(|h| h.name().to_string())
             .collect();
         wait_for("every meta worker Ready", timeout, async || {
-            let list = self.kubectl.json(&["get", "nodes"]).ok()?;
+            let list = self.kubectl.json(&["get", "nodes"])?;
             let ready: BTreeSet<String> = list["items"]
                 .as_array()?
                 .iter()
-                .filter(|n| {
-                    n["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
+                .filter(|n| common::is_ready(n))
                 .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
                 .collect();
             (ready == wanted).then_some(ready)
@@ -192,21 +188,11 @@ impl Meta {
             &format!("{what} running"),
             Duration::from_secs(240),
             async || {
-                let list = self
-                    .kubectl
-                    .json(&["-n", "kube-system", "get", "pods", "-l", selector])
-                    .ok()?;
+                let list =
+                    self.kubectl
+                        .json(&["-n", "kube-system", "get", "pods", "-l", selector])?;
                 let pods = list["items"].as_array()?;
-                let ready = pods
-                    .iter()
-                    .filter(|p| {
-                        p["status"]["conditions"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                    })
-                    .count();
+                let ready = pods.iter().filter(|p| common::is_ready(p)).count();
                 (pods.len() >= count && ready == pods.len()).then_some(())
             },
         )
@@ -673,63 +659,6 @@ async fn apply_object(client: &kube::Client, discovery: &Discovery, object: Dyna
     )
     .await
     .unwrap_or_else(|e| panic!("applying {} {}: {e}", resource.kind, object.name_any()));
-}
-
-/// kubectl against the meta-cluster.
-struct Kubectl {
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        use std::io::Write;
-        let mut child = Command::new(kok_testenv::bins::bin("kubectl").expect("kubectl"))
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .arg("--request-timeout=30s")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run kubectl");
-        if let Some(text) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(text.as_bytes())
-                .expect("write kubectl's stdin");
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output().expect("kubectl output");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
-    fn apply(&self, yaml: &str) {
-        self.run(
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager",
-                MANAGER,
-                "-f",
-                "-",
-            ],
-            Some(yaml),
-        )
-        .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
-    }
-
-    fn json(&self, args: &[&str]) -> Result<Value, String> {
-        let mut all = args.to_vec();
-        all.extend(["-o", "json"]);
-        let out = self.run(&all, None)?;
-        serde_json::from_str(&out).map_err(|e| e.to_string())
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -27,7 +27,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{grant_operator, kubeconfig_file, node_operator_binary, start_operator_pod};
+use common::{Kubectl, grant_operator, kubeconfig_file, node_operator_binary, start_operator_pod};
 use kok_testenv::hosts::{TestHost, TestHosts};
 use kok_testenv::kube_env::KubeEnv;
 use kok_testenv::node_software::{self, PackageVersionsOptions};
@@ -46,61 +46,6 @@ const CONTAINERD_VERSION: &str = "containerd://2.4.2";
 
 /// The workload: upstream's e2e test image, serving its hostname.
 const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
-
-/// kubectl against the business cluster with `kubeconfig`.
-struct Kubectl {
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        use std::io::Write;
-        let mut child =
-            std::process::Command::new(kok_testenv::bins::bin("kubectl").expect("kubectl"))
-                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-                .arg("--request-timeout=30s")
-                .args(args)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("run kubectl");
-        if let Some(text) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(text.as_bytes())
-                .expect("write kubectl's stdin");
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output().expect("kubectl output");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(format!(
-                "kubectl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        self.run(args, None).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn apply(&self, yaml: &str) {
-        self.run(&["apply", "-f", "-"], Some(yaml))
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    fn json(&self, args: &[&str]) -> Option<Value> {
-        let mut all = args.to_vec();
-        all.extend_from_slice(&["-o", "json"]);
-        let out = self.run(&all, None).ok()?;
-        serde_json::from_str(&out).ok()
-    }
-}
 
 fn runner() -> PodRunner {
     let operator = env!("CARGO_BIN_EXE_kube-on-kube-operator");
@@ -130,11 +75,7 @@ fn pods(k: &Kubectl, ns: &str, selector: &str) -> Vec<(String, String, String, b
         .into_iter()
         .flatten()
         .map(|p| {
-            let ready = p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let ready = common::is_ready(p);
             (
                 p["metadata"]["name"]
                     .as_str()
@@ -332,13 +273,7 @@ async fn workers_run_real_pods() {
         let ready: Vec<Value> = list["items"]
             .as_array()?
             .iter()
-            .filter(|n| {
-                n["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
+            .filter(|n| common::is_ready(n))
             .cloned()
             .collect();
         (ready.len() == names.len()).then_some(ready)
@@ -606,10 +541,7 @@ async fn workers_run_real_pods() {
         Duration::from_secs(240),
         async || {
             let node = k.json(&["get", "node", host.name()])?;
-            let ready = node["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let ready = common::is_ready(&node);
             let restarted = events(&k, host.name())
                 .iter()
                 .any(|(r, _)| r == "Restarted");

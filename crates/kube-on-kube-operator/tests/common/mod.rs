@@ -768,3 +768,72 @@ pub fn minimal_inside(ns: &str) -> Cluster {
     cluster.spec.api_server.external.type_ = kube_on_kube_api::cluster::ExposureType::ClusterIP;
     cluster
 }
+
+/// kubectl (the environment's upstream build) with `kubeconfig`.
+pub struct Kubectl {
+    pub kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// Runs it with `stdin`; its stdout, or what it said on failure.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write;
+        let mut child =
+            std::process::Command::new(kok_testenv::bins::bin("kubectl").expect("kubectl"))
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .arg("--request-timeout=30s")
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("run kubectl");
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(text.as_bytes())
+                .expect("write kubectl's stdin");
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().expect("kubectl output");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "kubectl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Runs it; its stdout, the test failing if it fails.
+    pub fn ok(&self, args: &[&str]) -> String {
+        self.run(args, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `kubectl apply` of `yaml` (one or more documents, YAML or JSON).
+    pub fn apply(&self, yaml: &str) {
+        self.run(&["apply", "-f", "-"], Some(yaml))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `args` with `-o json`, parsed; None if it failed.
+    pub fn json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["-o", "json"]);
+        let out = self.run(&all, None).ok()?;
+        serde_json::from_str(&out).ok()
+    }
+}
+
+/// Whether a Pod or Node, as kubectl prints it in JSON, has the condition
+/// Ready True.
+pub fn is_ready(object: &serde_json::Value) -> bool {
+    object["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
