@@ -55,8 +55,15 @@ pub async fn backup(
     .map_err(|e| call("patch", Some(name), namespace).error(e))?;
     let started = Instant::now();
     println!("asked for a snapshot of Cluster {name}; waiting up to {timeout:?} for the operator");
+    // What the Cluster says holds snapshots up, shown as it changes.
+    let mut shown: Option<String> = None;
     loop {
         let cluster = get(&api, name, namespace).await?;
+        let held = holding(&cluster);
+        if held.is_some() && held != shown {
+            println!("  waiting: {}", held.as_deref().unwrap_or_default());
+            shown = held.clone();
+        }
         let status = cluster.status.unwrap_or_default();
         let backup = status.backup.unwrap_or_default();
         if backup.last_request.as_deref() == Some(token.as_str()) {
@@ -90,12 +97,27 @@ pub async fn backup(
             };
         }
         if started.elapsed() >= timeout {
-            return Err(Error::Timeout(format!(
-                "the operator did not answer the snapshot request of Cluster {name} within {timeout:?}: is the kube-on-kube-operator running and watching namespace {namespace}?"
-            )));
+            return Err(Error::Timeout(match held {
+                // The operator answers; the Cluster says why there is none.
+                Some(why) => format!(
+                    "no snapshot of Cluster {name} within {timeout:?}: {why}; see `kubectl describe cluster {name} -n {namespace}`"
+                ),
+                None => format!(
+                    "the operator did not answer the snapshot request of Cluster {name} within {timeout:?}: is the kube-on-kube-operator running and watching namespace {namespace}?"
+                ),
+            }));
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Why the Cluster says it takes no snapshot now: its `BackupReady`
+/// condition when not True (`WaitingForGateway: ...`), as the operator
+/// wrote it for the Cluster's current spec.
+fn holding(cluster: &Cluster) -> Option<String> {
+    let status = cluster.status.as_ref()?;
+    let c = status.conditions.iter().find(|c| c.type_ == BACKUP_READY)?;
+    (c.status != "True").then(|| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
 }
 
 /// The time a request token was made (its first part).
@@ -145,6 +167,39 @@ fn row(s: &SnapshotRecord) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_condition(status: &str, reason: &str) -> Cluster {
+        let mut c: Cluster =
+            serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+                .expect("example");
+        c.status = Some(
+            serde_json::from_value(json!({"conditions": [{
+                "type": BACKUP_READY, "status": status, "reason": reason,
+                "message": "the snapshot gateway ci-snapshots is not ready",
+                "lastTransitionTime": "2026-11-29T10:00:00Z",
+            }]}))
+            .expect("status"),
+        );
+        c
+    }
+
+    #[test]
+    fn a_wait_shows_what_the_cluster_says_holds_its_snapshots_up() {
+        assert_eq!(
+            holding(&with_condition("False", "WaitingForGateway")).as_deref(),
+            Some(
+                "BackupReady=False WaitingForGateway: the snapshot gateway ci-snapshots is not ready"
+            )
+        );
+        assert_eq!(holding(&with_condition("True", "Taken")), None);
+        let mut none = with_condition("True", "Taken");
+        none.status = None;
+        assert_eq!(
+            holding(&none),
+            None,
+            "no status: the operator is asked about"
+        );
+    }
 
     #[test]
     fn a_request_token_starts_with_its_time_in_whole_seconds() {
