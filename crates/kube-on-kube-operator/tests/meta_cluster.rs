@@ -34,6 +34,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::discovery::{Discovery, Scope};
 use kube_on_kube_api::Cluster;
+use kube_on_kube_api::cluster::ExposureType;
 use kube_on_kube_operator::names::Names;
 use kube_on_kube_operator::render::addons;
 use serde_json::{Value, json};
@@ -770,8 +771,6 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
     // for a dedicated machine would leave its Pods unscheduled.
     cluster.spec.etcd.component.resources = None;
     cluster.spec.api_server.component.resources = None;
-    // At the previous patch release, upgraded below.
-    cluster.spec.version = FROM_VERSION.into();
     let name = cluster.name_any();
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), ns);
     let created = Instant::now();
@@ -779,23 +778,55 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
         .create(&Default::default(), &cluster)
         .await
         .expect("create the Cluster");
+    // Beside it, the Minimal example at the previous patch release, upgraded
+    // below.
+    let small_ns = "tenant-c";
+    meta.kubectl.apply(&restricted_namespace(small_ns));
+    let mut small: Cluster =
+        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+            .expect("the Minimal example");
+    small.metadata.namespace = Some(small_ns.into());
+    small.spec.version = FROM_VERSION.into();
+    // Not a second claim on the load balancer's address the Production
+    // Cluster asks for.
+    small.spec.api_server.external.type_ = ExposureType::ClusterIP;
+    let small_name = small.name_any();
+    let smalls: Api<Cluster> = Api::namespaced(client.clone(), small_ns);
+    smalls
+        .create(&Default::default(), &small)
+        .await
+        .expect("create the Minimal Cluster");
 
     // The operator that leads is killed while it makes the control plane:
     // its container comes back from its image, and the Cluster converges.
     let killed = meta.kill_operator_leader().await;
-    common::wait_cluster(
-        &clusters,
-        &name,
-        "every condition True",
-        Duration::from_secs(360),
-        common::all_ready,
-    )
-    .await;
-    println!(
-        "Cluster {ns}/{name} Ready {:?} after it was created (operator {killed} killed on the way)",
-        created.elapsed()
-    );
+    for (api, name) in [(&clusters, &name), (&smalls, &small_name)] {
+        common::wait_cluster(
+            api,
+            name,
+            "every condition True",
+            Duration::from_secs(360),
+            common::all_ready,
+        )
+        .await;
+        println!(
+            "Cluster {name} Ready {:?} after it was created (operator {killed} killed on the way)",
+            created.elapsed()
+        );
+    }
     meta.wait_restarted(&killed).await;
+
+    // A version upgrade pulls the next release's images and rolls onto
+    // them; it goes on while the Production Cluster is looked at.
+    let upgraded = Instant::now();
+    smalls
+        .patch(
+            &small_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": TO_VERSION}})),
+        )
+        .await
+        .expect("upgrade the Minimal Cluster");
 
     // Its API answers at the load balancer's address, from this machine.
     let status = clusters
@@ -853,32 +884,40 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
     }
     println!("tenant-b reaches tenant-a's API server, not its etcd");
 
-    // A version upgrade pulls the next release's images and rolls onto them.
-    let upgraded = Instant::now();
-    clusters
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"version": TO_VERSION}})),
-        )
-        .await
-        .expect("upgrade the Cluster");
     common::wait_cluster(
-        &clusters,
-        &name,
+        &smalls,
+        &small_name,
         &format!("every component at v{TO_VERSION}"),
         Duration::from_secs(360),
         |c| settled_at(c, TO_VERSION),
     )
     .await;
     println!("upgraded to v{TO_VERSION} in {:?}", upgraded.elapsed());
+    for ns in [ns, small_ns] {
+        let seen = running_images(&client, ns).await;
+        println!("images running in {ns}: {seen:?}");
+        for component in [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ] {
+            let image = format!("registry.k8s.io/{component}:v{TO_VERSION}");
+            assert!(seen.contains(&image), "{image} runs in {ns}: {seen:?}");
+            let old = format!("registry.k8s.io/{component}:v{FROM_VERSION}");
+            assert!(!seen.contains(&old), "{old} is gone from {ns}: {seen:?}");
+        }
+    }
+}
+
+/// The images of every container of the Pods in `ns` that are not on
+/// their way out, each checked to run ready in containerd.
+async fn running_images(client: &kube::Client, ns: &str) -> BTreeSet<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let list = pods
         .list(&Default::default())
         .await
         .expect("the tenant's Pods");
     let mut seen = BTreeSet::new();
-    // Replaced Pods may still be on their way out.
     for pod in list
         .items
         .iter()
@@ -897,13 +936,5 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
             seen.insert(c.image);
         }
     }
-    println!("images running in the tenant's namespace: {seen:?}");
-    for component in [
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-    ] {
-        let image = format!("registry.k8s.io/{component}:v{TO_VERSION}");
-        assert!(seen.contains(&image), "{image} runs: {seen:?}");
-    }
+    seen
 }
