@@ -4,7 +4,10 @@
 //! nodes over SSH (containerd, runc, CNI plugins, kubelet), with the
 //! add-ons a kubeadm cluster gets (the bootstrap-token pieces, kube-proxy,
 //! CoreDNS) and kube-router as its network, rendered by the operator's own
-//! add-on templates.
+//! add-on templates; upstream's local-path-provisioner for claims and
+//! MetalLB for LoadBalancers. On it, the operators installed by the chart
+//! from their images, and business control planes from upstream's images,
+//! every container of them a real one, admitted as `restricted`.
 //!
 //! The test environment plays the site: the hosts reach the API server
 //! through a forwarder on their bridge (the address its certificate names
