@@ -971,6 +971,10 @@ async fn snapshots_on_a_claim_go_through_the_gateway_rebuild_the_cluster_and_sta
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
+    // Through a kube-apiserver made after the rebuild: none ran while the
+    // data was being restored.
+    let maps: Api<ConfigMap> =
+        Api::namespaced(business_client(&client, &ns, name).await, "default");
     assert_eq!(count(&maps).await, 200, "every object after the rebuild");
 
     // A new Cluster started from the claim: the first one's identity and
