@@ -883,11 +883,7 @@ async fn quorum_lost(
         return Ok(None);
     }
     let storage = &cluster.spec.etcd.storage;
-    if storage
-        .volume_source
-        .as_ref()
-        .is_some_and(|v| v.host_path.is_some())
-    {
+    if crate::render::etcd::on_host_path(cluster) {
         // On the node, the data outlives its Pod and its Service's pin.
         return Ok(None);
     }

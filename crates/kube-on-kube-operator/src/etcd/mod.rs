@@ -494,14 +494,7 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
     let services_api: Api<Service> = Api::namespaced(client.clone(), ns);
     let desired = cluster.spec.mode.replicas() as usize;
     let uses_claims = cluster.spec.etcd.storage.claim_template.is_some();
-    let on_host_path = !uses_claims
-        && cluster
-            .spec
-            .etcd
-            .storage
-            .volume_source
-            .as_ref()
-            .is_some_and(|v| v.host_path.is_some());
+    let on_host_path = render::on_host_path(cluster);
     let now = Timestamp::now();
     // The version every member ran when etcd last settled.
     let previous_version = cluster

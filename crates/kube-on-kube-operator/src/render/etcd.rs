@@ -94,6 +94,17 @@ fn member_labels(names: &Names, member: &str) -> BTreeMap<String, String> {
     labels
 }
 
+/// Whether the members keep their data in a directory of their node
+/// (`volumeSource.hostPath`, no claim): it outlives the Pod, and is root's.
+pub fn on_host_path(cluster: &Cluster) -> bool {
+    let storage = &cluster.spec.etcd.storage;
+    storage.claim_template.is_none()
+        && storage
+            .volume_source
+            .as_ref()
+            .is_some_and(|v| v.host_path.is_some())
+}
+
 /// The Pod of etcd member `m.index`.
 pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
     let member = names.etcd_member(m.index);
@@ -190,13 +201,7 @@ pub fn member_pod(cluster: &Cluster, names: &Names, m: &MemberPod<'_>) -> Pod {
     // A node's directory is root's: no Pod group is given it (the kubelet
     // changes the group of claims and emptyDirs only), so etcd stays root
     // there.
-    let on_host_path = spec.etcd.storage.claim_template.is_none()
-        && spec
-            .etcd
-            .storage
-            .volume_source
-            .as_ref()
-            .is_some_and(|s| s.host_path.is_some());
+    let on_host_path = on_host_path(cluster);
     let data = match (
         &spec.etcd.storage.claim_template,
         &spec.etcd.storage.volume_source,
