@@ -103,10 +103,7 @@ impl Meta {
             install_crds: true,
             controller_manager_qps: None,
             node_monitor_grace: None,
-            real_nodes: Some(RealNodes {
-                address: gateway,
-                pod_cidr: POD_CIDR,
-            }),
+            real_nodes: Some(RealNodes { address: gateway }),
         })
         .expect("the meta-cluster's control plane");
         let port = env.api_port();
@@ -693,29 +690,7 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
 
     // A Pod on a meta worker finds the API server by its Service name
     // (CoreDNS, kube-proxy) and reaches it.
-    let probe = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "probe", "namespace": "default"},
-        "spec": {
-            "containers": [{
-                "name": "agnhost",
-                "image": "registry.k8s.io/e2e-test-images/agnhost:2.59",
-                "args": ["pause"],
-            }],
-        },
-    });
-    meta.kubectl.apply(&probe.to_string());
-    meta.kubectl
-        .run(
-            &[
-                "wait",
-                "--for=condition=Ready",
-                "pod/probe",
-                "--timeout=180s",
-            ],
-            None,
-        )
-        .expect("the probe Pod runs");
+    meta.restricted_pod("default", "probe");
     let answer = wait_for(
         "the API server answering a meta Pod by its Service name",
         Duration::from_secs(60),
@@ -723,6 +698,8 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
             meta.kubectl
                 .run(
                     &[
+                        "-n",
+                        "default",
                         "exec",
                         "probe",
                         "--",

@@ -72,13 +72,13 @@ pub struct Options {
 /// hosts made nodes by the node-operator): the API server's certificate
 /// also names `address`, where the hosts reach it through a
 /// [`crate::proxy::TcpProxy`] on [`KubeEnv::api_port`]; the controller-manager
-/// gives each Node a /24 of `pod_cidr`, which the CNI routes. The
+/// gives each Node a /24 of [`crate::meta_network::POD_CIDR`], which the CNI
+/// routes (and [`crate::meta_network::PodRoutes`] routes here). The
 /// `kubernetes` Service's endpoint is not set: the proxy's address is known
 /// only once it listens ([`KubeEnv::publish_api_endpoint`]).
 #[derive(Clone, Copy, Debug)]
 pub struct RealNodes {
     pub address: std::net::IpAddr,
-    pub pod_cidr: &'static str,
 }
 
 impl Default for Options {
@@ -298,7 +298,7 @@ async fn boot(workdir: Workdir, opts: Options) -> Result<KubeEnv, Error> {
             opts.node_monitor_grace
                 .or((opts.kwok_nodes > 0).then_some(PATIENT_NODE_GRACE)),
             opts.controller_manager_qps,
-            opts.real_nodes.map(|n| n.pod_cidr),
+            opts.real_nodes.map(|_| crate::meta_network::POD_CIDR),
         )?;
         let log = workdir.logs.join("kube-controller-manager.log");
         processes.push(Supervised::spawn("kube-controller-manager", cmd, &log)?);

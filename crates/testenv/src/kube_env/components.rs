@@ -79,10 +79,10 @@ pub(crate) fn apiserver(
 ) -> Result<Command, Error> {
     let mut cmd = Command::new(bins::bin("kube-apiserver")?);
     if real_nodes {
-        // Test hosts' names resolve nowhere but on the hosts themselves.
         // Webhooks and aggregated APIs at their Pods' addresses, which
         // this machine routes to (crate::meta_network); no kube-proxy here
-        // makes Service addresses work.
+        // makes Service addresses work. Kubelets by address: test hosts'
+        // names resolve nowhere but on the hosts themselves.
         cmd.arg("--enable-aggregator-routing=true")
             .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
             .arg(format!(
