@@ -281,29 +281,9 @@ layer() { # tar-path dir
 }
 
 # --- the registry on loopback -------------------------------------------------
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-reg="127.0.0.1:$port"
-cat >"$dir/registry.yml" <<YAML
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: $store
-  delete:
-    enabled: true
-http:
-  addr: $reg
-YAML
-"$tools/registry" serve "$dir/registry.yml" >"$dir/registry.log" 2>&1 &
-regpid=$!
-trap 'kill $regpid 2>/dev/null; wait $regpid 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -fsS "http://$reg/v2/" >/dev/null 2>&1 && break
-  kill -0 $regpid 2>/dev/null || die "the registry exited: $(tail -5 "$dir/registry.log")"
-  sleep 0.1
-done
-curl -fsS "http://$reg/v2/" >/dev/null || die "the registry does not answer on $reg"
+. "$here/local-registry.sh"
+trap 'if [ -n "${regpid:-}" ]; then kill "$regpid" 2>/dev/null; wait "$regpid" 2>/dev/null || true; fi' EXIT
+serve_registry "$tools/registry" "$store" "$dir"
 log "registry on $reg, storage $store"
 
 # push image-ref config-flags... -- layers...: layers on an empty base, then the

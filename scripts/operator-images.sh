@@ -67,31 +67,13 @@ cr() {
 seconds_since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 if [ -z "$reg" ]; then
-  # The images' storage, written by a registry of our own while we hold the
-  # cache's lock (node-images.sh's builds hold it too).
-  exec 9>"$images/operator-images.lock"
+  # The images' storage, written by a registry of our own while we hold
+  # node-images.sh's lock on its cache (its builds write there too).
+  exec 9>"$images/.lock"
   flock 9
-  tools=$("$here/registry-bins.sh" | tail -n1)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  reg="127.0.0.1:$port"
-  cat >"$work/registry.yml" <<YAML
-version: 0.1
-log:
-  level: warn
-storage:
-  filesystem:
-    rootdirectory: $images/registry
-http:
-  addr: $reg
-YAML
-  "$tools/registry" serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
-  regpid=$!
-  trap 'kill $regpid 2>/dev/null; wait $regpid 2>/dev/null || true; rm -rf "$work"' EXIT
-  for _ in $(seq 100); do
-    curl -fsS "http://$reg/v2/" >/dev/null 2>&1 && break
-    kill -0 $regpid 2>/dev/null || die "the registry exited: $(tail -5 "$work/registry.log")"
-    sleep 0.1
-  done
+  . "$here/local-registry.sh"
+  trap 'if [ -n "${regpid:-}" ]; then kill "$regpid" 2>/dev/null; wait "$regpid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
+  serve_registry "$("$here/registry-bins.sh" | tail -n1)/registry" "$images/registry" "$work"
 fi
 
 base_digest=$(cat "$images/done/$(echo "$OPERATOR_BASE" | tr '/:' '__')")
