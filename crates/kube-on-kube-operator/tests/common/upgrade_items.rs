@@ -186,22 +186,8 @@ async fn check_members(client: &Client, ns: &str, name: &str, n: usize) -> Vec<L
 /// A client of the business API as its admin through the kube-apiserver Pod
 /// at `address` (checked against the name in its certificate).
 async fn admin_client_at(client: &Client, ns: &str, name: &str, address: &str) -> Client {
-    let text = secret_value(
-        client,
-        ns,
-        &format!("{name}-admin-kubeconfig"),
-        "kubeconfig",
-    )
-    .await;
-    let kubeconfig: kube::config::Kubeconfig =
-        serde_norway::from_slice(&text).expect("admin kubeconfig");
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("config");
+    let mut config = admin_config(client, ns, name).await;
     config.cluster_url = format!("https://{address}:6443").parse().expect("url");
-    config.tls_server_name = Some("kubernetes".into());
-    config.connect_timeout = Some(Duration::from_secs(2));
-    config.read_timeout = Some(Duration::from_secs(5));
     Client::try_from(config).expect("business client")
 }
 
