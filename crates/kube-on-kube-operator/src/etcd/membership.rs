@@ -35,6 +35,11 @@ pub enum ClaimState {
     Absent,
     Present,
     Terminating,
+    /// Present, but kept on a node that is gone or no longer takes the
+    /// Cluster's Pods (`etcd::stranded`): the member cannot start on it
+    /// again, so it counts as lost, and the claim (or a hostPath member's
+    /// pin) is cleared for a fresh member elsewhere.
+    Stranded,
 }
 
 /// One member position (index), whether wanted or not.
@@ -344,8 +349,9 @@ fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
                 ClaimState::Present => return start_member(o, live, index),
                 // Never started: its claim is created with its Pod.
                 ClaimState::Absent if !m.started() => return start_member(o, live, index),
-                // Started and lost its data: replaced below.
-                ClaimState::Absent => {}
+                // Started and lost its data, or it can never start where its
+                // data is: replaced below.
+                ClaimState::Absent | ClaimState::Stranded => {}
             },
             Some(_) => {}
             None => {
@@ -361,7 +367,8 @@ fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
     for m in &members {
         let Some(index) = m.slot else { continue };
         let slot = &o.slots[index];
-        let lost_data = m.started() && slot.claim != ClaimState::Present;
+        let stranded = slot.claim == ClaimState::Stranded;
+        let lost_data = stranded || m.started() && slot.claim != ClaimState::Present;
         if slot.pod == PodState::Failed && slot.rolled && !lost_data {
             // Once the template changed again (the version set back), it is
             // restarted on its data with it; until then it is left alone.
@@ -371,7 +378,13 @@ fn plan_live(o: &Observed<'_>, live: &[Member]) -> Step {
             return roll_failed(index, slot);
         }
         if slot.pod == PodState::Failed || lost_data {
-            let why = if lost_data { "lost its data" } else { "failed" };
+            let why = if stranded {
+                "keeps its data on a node that is gone or takes no more Pods"
+            } else if lost_data {
+                "lost its data"
+            } else {
+                "failed"
+            };
             return remove(o, &members, m, &format!("member {} {why}", slot.name));
         }
     }
@@ -467,7 +480,9 @@ fn clear_leftovers(index: usize, slot: &Slot) -> Option<Step> {
         (PodState::Absent, ClaimState::Terminating) => {
             Some(wait(format!("claim of {} is being deleted", slot.name)))
         }
-        (PodState::Absent, ClaimState::Present) => Some(Step::DeleteClaim { index }),
+        (PodState::Absent, ClaimState::Present | ClaimState::Stranded) => {
+            Some(Step::DeleteClaim { index })
+        }
         _ => Some(Step::DeletePod { index }),
     }
 }
@@ -485,6 +500,15 @@ fn finish_learner(
     };
     let slot = &o.slots[index];
     match (slot.pod, slot.claim) {
+        (PodState::Terminating, ClaimState::Stranded) => {
+            wait(format!("learner {} is terminating", slot.name))
+        }
+        (_, ClaimState::Stranded) => remove(
+            o,
+            members,
+            learner,
+            "learner's data is on a node that is gone or takes no more Pods",
+        ),
         (PodState::Absent, ClaimState::Terminating) => {
             wait(format!("claim of {} is being deleted", slot.name))
         }

@@ -12,19 +12,21 @@
 pub mod api;
 pub mod membership;
 pub mod spread;
+pub mod stranded;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
-    ObjectReference, PersistentVolumeClaim, Pod, PodCondition, Secret, Service,
+    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, PodCondition, Secret,
+    Service,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kok_common::watch::OwnWrites;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 use kube_on_kube_api::Cluster;
@@ -33,6 +35,7 @@ use serde_json::json;
 
 use self::api::{EtcdClient, EtcdError, Member, Status};
 use self::membership::{ClaimState, ClusterState, Observed, PodState, Slot, Step};
+use self::stranded::Home;
 use crate::Error;
 use crate::applied::resource_version;
 use crate::config::Config;
@@ -267,6 +270,9 @@ pub struct SlotView<'a> {
     pub pinned: bool,
     /// The Pod was restarted by a version roll that is not over.
     pub rolled: bool,
+    /// Its data is kept on a node that is gone or takes no more of the
+    /// Cluster's Pods ([`stranded`]).
+    pub stranded: bool,
 }
 
 /// The planner's slots from what was observed.
@@ -287,6 +293,7 @@ pub fn slots(
                 .is_some_and(|p| annotation(p, CONFIG_HASH_ANNOTATION) != Some(v.hash.as_str()));
             let claim = match claim_state(uses_claims, v.claim, pod) {
                 ClaimState::Absent if v.pinned => ClaimState::Present,
+                ClaimState::Present if v.stranded && pod != PodState::Ready => ClaimState::Stranded,
                 claim => claim,
             };
             Slot::new(names, index, pod, claim)
@@ -538,15 +545,20 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
                 .flatten()
         })
         .collect();
+    let claim_of = |i: usize| {
+        claims
+            .iter()
+            .find(|c| index_of(names, &c.name_any()) == Some(i))
+    };
+    let stranded = stranded_slots(ctx, cluster, &member_pod, &claim_of, &pins).await;
     let views: Vec<SlotView<'_>> = (0..MAX_MEMBERS)
         .map(|i| SlotView {
             pod: member_pod(i),
-            claim: claims
-                .iter()
-                .find(|c| index_of(names, &c.name_any()) == Some(i)),
+            claim: claim_of(i),
             hash: member_hash(names, secrets, i, &image),
             pinned: pins[i].is_some(),
             rolled: rolled(member_pod(i), previous_version.as_deref()),
+            stranded: stranded[i],
         })
         .collect();
     let slots = slots(
@@ -819,6 +831,65 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
         (acted || deferred.is_some() || matches!(step, Step::Wait { .. }) && live.is_some())
             .then_some(Duration::from_secs(2));
     Ok(Report { requeue, ..report })
+}
+
+/// Per slot, whether a member that is not serving keeps its data where it
+/// can never start again ([`stranded`]). The meta-cluster's Nodes and the
+/// claims' volumes are read only when some member is not ready and its data
+/// is tied to a node; without the right to read them (an operator bound to
+/// one namespace) no member is judged stranded.
+async fn stranded_slots<'a>(
+    ctx: &Context,
+    cluster: &Cluster,
+    member_pod: &impl Fn(usize) -> Option<&'a Pod>,
+    claim_of: &impl Fn(usize) -> Option<&'a PersistentVolumeClaim>,
+    pins: &[Option<render::Pin>],
+) -> [bool; MAX_MEMBERS] {
+    let mut out = [false; MAX_MEMBERS];
+    let volume_of = |i: usize| {
+        claim_of(i)
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+    };
+    let suspects: Vec<usize> = (0..MAX_MEMBERS)
+        .filter(|&i| !member_pod(i).is_some_and(pod_ready))
+        .filter(|&i| volume_of(i).is_some() || pins[i].as_ref().is_some_and(|p| p.node.is_some()))
+        .collect();
+    if suspects.is_empty() {
+        return out;
+    }
+    let client = &ctx.client;
+    let nodes = match Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(nodes) => nodes.items,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list Nodes; no etcd member is judged stranded");
+            return out;
+        }
+    };
+    let placement = cluster.spec.placement.as_ref();
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    for i in suspects {
+        let pod = member_pod(i);
+        out[i] = match (
+            volume_of(i),
+            pins[i].as_ref().and_then(|p| p.node.as_deref()),
+        ) {
+            (Some(volume), _) => match volumes.get_opt(&volume).await {
+                Ok(Some(pv)) => stranded::stranded(pod, Home::Volume(&pv), &nodes, placement),
+                Ok(None) => false,
+                Err(e) => {
+                    tracing::debug!(error = %e, volume, "cannot read an etcd member's volume");
+                    false
+                }
+            },
+            (None, Some(node)) => stranded::stranded(pod, Home::Node(node), &nodes, placement),
+            (None, None) => false,
+        };
+    }
+    out
 }
 
 fn is_member(pod: &Pod) -> bool {

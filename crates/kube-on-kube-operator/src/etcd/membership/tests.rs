@@ -1146,3 +1146,65 @@ fn a_member_failing_right_after_a_version_roll_is_not_replaced() {
         "{step:?}"
     );
 }
+
+/// A meta worker's Machine deleted: its member's Pod was evicted, and its
+/// data stays on a node that is gone (or cordoned). Started again it would
+/// wait there forever; it is replaced on empty data elsewhere instead.
+#[test]
+fn a_member_whose_data_is_stranded_on_a_gone_node_is_replaced() {
+    let mut w = World::healthy(3);
+    w.pods[1] = NoPod;
+    w.claims[1] = ClaimState::Stranded;
+    assert!(matches!(
+        w.plan(3),
+        Step::RemoveMember { index: Some(1), .. }
+    ));
+    assert_eq!(
+        kinds(&w.converge(3)),
+        ["remove", "delete-claim", "add", "start", "promote"]
+    );
+    assert!(w.members.iter().all(|m| m.id != id_of(1)));
+
+    // Its Pod was made again and waits, unschedulable, for the gone node.
+    let mut w = World::healthy(3);
+    w.pods[2] = NotReady;
+    w.claims[2] = ClaimState::Stranded;
+    assert_eq!(
+        kinds(&w.converge(3)),
+        [
+            "remove",
+            "delete-pod",
+            "delete-claim",
+            "add",
+            "start",
+            "promote"
+        ]
+    );
+}
+
+#[test]
+fn stranded_members_are_replaced_only_while_a_quorum_is_kept() {
+    let v = [voter(0), voter(1), voter(2)];
+    let stranded = (NoPod, ClaimState::Stranded);
+    let step = plan_for(3, &[UP, stranded, stranded], Some(&v), None);
+    assert!(is_wait(&step, "takes no more Pods"), "{step:?}");
+    assert!(is_wait(&step, "short of a quorum"), "{step:?}");
+    // The only member: replacing it would lose the cluster.
+    let step = plan_for(1, &[stranded], Some(&v[..1]), None);
+    assert!(is_wait(&step, "short of a quorum"), "{step:?}");
+    // Unreachable etcd never restarts a member where its data cannot be.
+    let step = plan_for(3, &[(NotReady, ClaimState::Present), stranded], None, None);
+    assert!(is_wait(&step, "no etcd member answers"), "{step:?}");
+}
+
+#[test]
+fn a_learner_whose_new_data_is_stranded_is_removed() {
+    let live = [voter(0), voter(1), learner(2, false)];
+    for pod in [NoPod, NotReady] {
+        let step = plan_for(3, &[UP, UP, (pod, ClaimState::Stranded)], Some(&live), None);
+        assert!(
+            matches!(step, Step::RemoveMember { index: Some(2), .. }),
+            "{step:?}"
+        );
+    }
+}
