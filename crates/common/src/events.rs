@@ -12,11 +12,17 @@ pub const NOTE_LIMIT: usize = 1024;
 /// `text` cut to [`NOTE_LIMIT`] bytes at a character boundary, ending in
 /// `…` when cut.
 pub fn note(text: &str) -> String {
-    if text.len() <= NOTE_LIMIT {
+    clip(text, NOTE_LIMIT)
+}
+
+/// `text` cut to `limit` bytes at a character boundary, ending in `…` when
+/// cut.
+pub fn clip(text: &str, limit: usize) -> String {
+    const MORE: &str = "…";
+    if text.len() <= limit {
         return text.to_string();
     }
-    const MORE: &str = "…";
-    let mut end = NOTE_LIMIT - MORE.len();
+    let mut end = limit.saturating_sub(MORE.len());
     while !text.is_char_boundary(end) {
         end -= 1;
     }

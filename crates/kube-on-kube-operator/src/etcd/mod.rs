@@ -785,6 +785,12 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
             }
         }
     };
+    // What the scheduler says of a member it cannot place (no node for it
+    // under the members' spread, its volume's node gone) is what the user
+    // must act on; the plan's own words only say that it waits.
+    if let Some(why) = unschedulable(&report.pods) {
+        report.condition.message = format!("{}; {why}", report.condition.message);
+    }
     if let Some(refused) = &target.refused {
         if etcd_ready_reason(cluster) != Some(VERSION_REFUSED) {
             publish(
@@ -890,6 +896,34 @@ async fn stranded_slots<'a>(
         };
     }
     out
+}
+
+/// The longest part of the scheduler's message kept in a condition.
+const SCHEDULER_MESSAGE_MAX: usize = 300;
+
+/// The first member Pod the scheduler cannot place, with its reason.
+pub fn unschedulable(pods: &[Pod]) -> Option<String> {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find_map(|p| {
+            let c = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled")?;
+            (c.status == kok_common::conditions::Status::False
+                && c.reason.as_deref() == Some("Unschedulable"))
+            .then(|| {
+                let message = c.message.as_deref().unwrap_or_default();
+                format!(
+                    "Pod {} cannot be scheduled: {}",
+                    p.name_any(),
+                    kok_common::events::clip(message, SCHEDULER_MESSAGE_MAX)
+                )
+            })
+        })
 }
 
 fn is_member(pod: &Pod) -> bool {

@@ -498,3 +498,38 @@ fn a_refused_etcd_version_keeps_what_the_members_run() {
             .is_none()
     );
 }
+
+#[test]
+fn a_member_the_scheduler_cannot_place_is_named_with_its_reason() {
+    let pod = |name: &str, scheduled: &str, reason: Option<&str>| {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.status = Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: scheduled.into(),
+                reason: reason.map(str::to_string),
+                message: Some(format!(
+                    "0/3 nodes are available: 2 node(s) didn't satisfy existing pods anti-affinity rules{}",
+                    "x".repeat(400)
+                )),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    };
+    assert_eq!(unschedulable(&[pod("c-etcd-1", "True", None)]), None);
+    let why = unschedulable(&[
+        pod("c-etcd-1", "True", None),
+        pod("c-etcd-0", "False", Some("Unschedulable")),
+    ])
+    .expect("a Pod that cannot be scheduled");
+    assert!(
+        why.starts_with(
+            "Pod c-etcd-0 cannot be scheduled: 0/3 nodes are available: 2 node(s) didn't satisfy"
+        ),
+        "{why}"
+    );
+    assert!(why.len() < 400, "{}", why.len());
+}
