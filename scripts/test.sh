@@ -83,7 +83,8 @@ wait_node_software() {
 }
 
 # The tests that run worker nodes' software: real workers, the dev
-# environment (with the conformance suite), S3 storage (versitygw is built
+# environment (with the conformance suite), the real meta-cluster (its
+# images), S3 storage (versitygw is built
 # with them), the packages' checksums.
 needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | binary_id(kube-on-kube-operator::etcd_backup)
@@ -93,7 +94,9 @@ needs_node_software='binary_id(kube-on-kube-operator::real_workers)
   | binary_id(kok-testenv::node_runtime)
   | test(the_example_package_versions_are_what_the_script_prints)
   | test(a_tenants_huge_snapshot_manifest_is_refused_unread_and_others_converge)
-  | binary_id(kube-on-kube-operator::backup_fairness)'
+  | binary_id(kube-on-kube-operator::backup_fairness)
+  | binary_id(kube-on-kube-operator::meta_cluster)
+  | binary_id(kube-on-kube-operator::meta_worker_removal)'
 
 # KOK_TEST_CPU=1: each test runs under scripts/test-cpu.py, which adds up
 # the CPU time of its whole process tree; the table then has a CPU-s column.

@@ -25,7 +25,7 @@ mod sys;
 pub mod wait;
 pub mod watchdog;
 
-pub use sys::parent_of;
+pub use sys::{parent_of, renice_process};
 
 /// The process that made something this crate leaves on the machine while
 /// it runs, named by `name` (its last part): an interface, network

@@ -62,6 +62,26 @@ pub fn sethostname(name: &str) -> io::Result<()> {
     check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
 }
 
+/// Sets the nice value of every thread of this process to `nice`: the
+/// processes they start afterwards inherit it (Linux keeps it per thread).
+/// Lowering it needs `CAP_SYS_NICE` (root).
+pub fn renice_process(nice: i32) -> io::Result<()> {
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let Ok(tid) = entry?.file_name().to_string_lossy().parse::<libc::id_t>() else {
+            continue;
+        };
+        // SAFETY: setpriority reads no memory of ours.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+            let e = io::Error::last_os_error();
+            // A thread that ended since it was listed.
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Sends `signal` to `pid` (a negative pid names a process group).
 pub fn kill(pid: i32, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: plain syscall without pointers.
