@@ -117,7 +117,7 @@ pub async fn backup(
 fn holding(cluster: &Cluster) -> Option<String> {
     let status = cluster.status.as_ref()?;
     let c = status.conditions.iter().find(|c| c.type_ == BACKUP_READY)?;
-    (c.status != "True").then(|| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+    (c.status != "True").then(|| crate::progress::condition_text(c))
 }
 
 /// The time a request token was made (its first part).

@@ -242,6 +242,7 @@ pub async fn wait_ready(
 ) -> Result<(), Error> {
     let started = Instant::now();
     let mut seen = Conditions::default();
+    let mut held = progress::Holding::default();
     println!("waiting up to {timeout:?} for Cluster {name} to be Ready");
     let status = loop {
         let cluster = api
@@ -251,6 +252,9 @@ pub async fn wait_ready(
         let status = cluster.status.clone().unwrap_or_default();
         for change in seen.update(&status.conditions) {
             println!("{}", progress::line(started.elapsed(), &change));
+        }
+        if let Some(line) = held.update(started.elapsed(), &status.conditions) {
+            println!("{line}");
         }
         let current = status.observed_generation == cluster.metadata.generation;
         if current && status.condition(READY).is_some_and(|c| c.status == "True") {

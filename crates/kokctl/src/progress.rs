@@ -85,6 +85,41 @@ pub fn failing(conditions: &[Condition]) -> String {
     out
 }
 
+/// `Type=Status Reason: message`, as a wait shows a condition that holds it.
+pub fn condition_text(c: &Condition) -> String {
+    format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message)
+}
+
+/// What holds a Cluster back from Ready: the first condition, in the order
+/// the operator lists them, that is not True, leaving out the summaries
+/// (`Ready` says that something else is not; `Progressing` True is work
+/// under way, not a hold-up).
+pub fn holding(conditions: &[Condition]) -> Option<&Condition> {
+    conditions
+        .iter()
+        .filter(|c| c.type_ != "Ready" && c.type_ != "Progressing")
+        .find(|c| c.status != "True")
+}
+
+/// Remembers the hold-up shown last, so a wait prints it only as it changes.
+#[derive(Debug, Default)]
+pub struct Holding {
+    shown: Option<String>,
+}
+
+impl Holding {
+    /// The line to print for `conditions` if their hold-up is not the one
+    /// shown last.
+    pub fn update(&mut self, elapsed: Duration, conditions: &[Condition]) -> Option<String> {
+        let now = holding(conditions).map(condition_text);
+        if now.is_none() || now == self.shown {
+            return None;
+        }
+        self.shown = now.clone();
+        now.map(|text| format!("{} waiting on {text}", stamp(elapsed)))
+    }
+}
+
 /// Count objects by kind for a progress line: `3 Pods, 1 Service`.
 pub fn remaining(counts: &BTreeMap<&'static str, usize>) -> String {
     let parts: Vec<String> = counts
@@ -174,6 +209,40 @@ mod tests {
         assert_eq!(
             out,
             "  AddonsReady=False (AddonsReadyFalse): AddonsReady says False\n  Ready=Unknown (ReadyUnknown): Ready says Unknown\n"
+        );
+    }
+
+    #[test]
+    fn a_wait_shows_what_holds_it_each_time_that_changes() {
+        let mut held = Holding::default();
+        let t = Duration::from_secs(3);
+        let mut etcd = c("EtcdReady", "False");
+        etcd.reason = "Bootstrapping".into();
+        etcd.message = "creating 3 etcd members".into();
+        let ready = c("Ready", "False");
+        let progressing = c("Progressing", "True");
+        assert_eq!(
+            held.update(t, &[ready.clone(), progressing.clone(), etcd.clone()]),
+            Some(
+                "[   3.0s] waiting on EtcdReady=False Bootstrapping: creating 3 etcd members"
+                    .into()
+            )
+        );
+        // The same hold-up again is not repeated.
+        assert_eq!(held.update(t, &[ready.clone(), etcd.clone()]), None);
+        // The next one is shown as the first clears.
+        let addons = c("AddonsReady", "False");
+        assert_eq!(
+            held.update(t, &[c("EtcdReady", "True"), addons.clone(), ready.clone()]),
+            Some(
+                "[   3.0s] waiting on AddonsReady=False AddonsReadyFalse: AddonsReady says False"
+                    .into()
+            )
+        );
+        // Only the summaries are not True: nothing to show.
+        assert_eq!(
+            held.update(t, &[c("AddonsReady", "True"), ready, progressing]),
+            None
         );
     }
 
