@@ -125,6 +125,11 @@ impl Names {
     pub fn etcd_network_policy(&self) -> String {
         self.prefixed("etcd")
     }
+    /// NetworkPolicy fencing kube-apiserver, the controller-manager and the
+    /// scheduler.
+    pub fn control_plane_network_policy(&self) -> String {
+        self.prefixed("control-plane")
+    }
     /// Deployment of a stateless component.
     pub fn deployment(&self, component: Component) -> String {
         self.prefixed(component.as_str())

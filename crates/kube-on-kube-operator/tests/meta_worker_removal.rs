@@ -26,14 +26,7 @@ async fn deleting_a_meta_workers_machine_moves_its_etcd_member_without_an_outage
     let ns = "tenant-a";
     let created = Instant::now();
     let (clusters, name) = meta.create_production(ns, TO_VERSION).await;
-    common::wait_cluster(
-        &clusters,
-        &name,
-        "every condition True",
-        Duration::from_secs(360),
-        common::all_ready,
-    )
-    .await;
+    common::ready_cluster(&clusters, &name, None).await;
     println!(
         "Cluster {name} Ready {:?} after it was created",
         created.elapsed()

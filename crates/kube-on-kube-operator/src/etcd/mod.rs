@@ -611,7 +611,10 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
     )
     .await?;
 
-    // Only this Cluster's Pods and the operator reach the members.
+    // Only this Cluster's Pods and the operator reach the members, the
+    // controller-manager and the scheduler; the API stays open to clients.
+    // Both fences go up with the members, before anything of the control
+    // plane listens.
     if let Some(operator_namespace) = &ctx.config.operator_namespace {
         let policies_api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
         let policies: BTreeMap<String, NetworkPolicy> = list(ctx, &policies_api, names)
@@ -619,15 +622,21 @@ pub async fn reconcile(pass: &Pass<'_>) -> Result<Report, Error> {
             .into_iter()
             .map(|p| (p.name_any(), p))
             .collect();
-        apply_if_changed(
-            ctx,
-            names,
-            &policies_api,
-            &crate::render::network_policy::etcd(cluster, names, operator_namespace),
-            &policies,
-            resource_version,
-        )
-        .await?;
+        use crate::render::network_policy as fence;
+        for policy in [
+            fence::etcd(cluster, names, operator_namespace),
+            fence::control_plane(cluster, names, operator_namespace),
+        ] {
+            apply_if_changed(
+                ctx,
+                names,
+                &policies_api,
+                &policy,
+                &policies,
+                resource_version,
+            )
+            .await?;
+        }
     }
 
     let etcd = match client_for(names, secrets, &slots) {

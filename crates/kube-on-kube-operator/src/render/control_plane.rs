@@ -29,8 +29,8 @@ pub const API_PORT: i32 = 6443;
 /// Name of the external Service's port for the advertised endpoint, when
 /// `apiServer.external.port` is another (see [`apiserver_external_service`]).
 const ADVERTISED_PORT_NAME: &str = "advertised";
-const CONTROLLER_MANAGER_PORT: i32 = 10257;
-const SCHEDULER_PORT: i32 = 10259;
+pub(crate) const CONTROLLER_MANAGER_PORT: i32 = 10257;
+pub(crate) const SCHEDULER_PORT: i32 = 10259;
 const PKI: &str = "/etc/kubernetes/pki";
 /// How long a stopping kube-apiserver keeps serving before it shuts down.
 const SHUTDOWN_DELAY: &str = "5s";
@@ -57,7 +57,7 @@ const AUTHENTICATION_KEY: &str = "authentication-configuration.yaml";
 const TLS_MIN_VERSION: &str = "VersionTLS12";
 /// The konnectivity-server's admin (loopback only) and health ports.
 const KONNECTIVITY_ADMIN_PORT: i32 = 8133;
-const KONNECTIVITY_HEALTH_PORT: i32 = 8134;
+pub(crate) const KONNECTIVITY_HEALTH_PORT: i32 = 8134;
 /// gRPC keepalive between agents and servers: well under the idle timeout
 /// of common load balancers (350 s on AWS NLB), so an idle tunnel stays.
 const KONNECTIVITY_KEEPALIVE: &str = "30s";
