@@ -129,3 +129,60 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
     }
 }
 
+/// The benchmark command behind bench/README.md's "Control planes in real
+/// containers": a Minimal and a Production Cluster made one after the
+/// other on a real meta-cluster (three meta workers), the time from create
+/// to every condition True, then, after a minute idle, the memory their
+/// Pods' containers use (working set, from each meta worker's kubelet).
+/// `cargo test -p kube-on-kube-operator --test meta_cluster -- --ignored
+/// --nocapture measured`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: bench/README.md"]
+async fn control_planes_in_real_containers_measured() {
+    let meta = Meta::up(3, 0).await;
+    let client = meta.env.client().await;
+    let mut rows = Vec::new();
+    for mode in ["Minimal", "Production"] {
+        let ns = format!("bench-{}", mode.to_lowercase());
+        let created = Instant::now();
+        let (clusters, name) = match mode {
+            "Production" => meta.create_production(&ns, TO_VERSION).await,
+            _ => {
+                meta.kubectl.apply(&restricted_namespace(&ns));
+                let mut small: kube_on_kube_api::Cluster =
+                    serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+                        .expect("the Minimal example");
+                small.metadata.namespace = Some(ns.clone());
+                small.spec.api_server.external.type_ =
+                    kube_on_kube_api::cluster::ExposureType::ClusterIP;
+                let clusters: kube::Api<kube_on_kube_api::Cluster> =
+                    kube::Api::namespaced(client.clone(), &ns);
+                clusters
+                    .create(&Default::default(), &small)
+                    .await
+                    .expect("create the Minimal Cluster");
+                (clusters, kube::ResourceExt::name_any(&small))
+            }
+        };
+        common::ready_cluster(&clusters, &name, None).await;
+        let ready = created.elapsed();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let (pods, containers, bytes) = meta.memory_of(&ns);
+        println!(
+            "{mode}: Ready in {ready:?}; {pods} Pods, {containers} containers, {:.0} MiB",
+            bytes as f64 / 1048576.0
+        );
+        rows.push(format!(
+            "| {mode} | {:.1} | {pods} | {containers} | {:.0} |",
+            ready.as_secs_f64(),
+            bytes as f64 / 1048576.0
+        ));
+    }
+    println!(
+        "\n| mode | create → all conditions True s | Pods | containers | memory (working set) MiB |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for row in rows {
+        println!("{row}");
+    }
+}

@@ -486,6 +486,27 @@ impl Meta {
             .clone()
     }
 
+    /// The Pods of `ns`, their containers, and the memory they use
+    /// (working set), as each meta worker's kubelet reports them
+    /// (`/stats/summary`).
+    pub fn memory_of(&self, ns: &str) -> (usize, usize, u64) {
+        let (mut pods, mut containers, mut bytes) = (0, 0, 0);
+        for node in self.meta_hosts() {
+            let path = format!("/api/v1/nodes/{}/proxy/stats/summary", node.name());
+            let text = self.kubectl.ok(&["get", "--raw", &path]);
+            let summary: Value = serde_json::from_str(&text).expect("a stats summary");
+            for pod in summary["pods"].as_array().into_iter().flatten() {
+                if pod["podRef"]["namespace"] != ns {
+                    continue;
+                }
+                pods += 1;
+                containers += pod["containers"].as_array().map_or(0, Vec::len);
+                bytes += pod["memory"]["workingSetBytes"].as_u64().unwrap_or(0);
+            }
+        }
+        (pods, containers, bytes)
+    }
+
     /// Whether `pod` (`namespace/name`) opens a TCP connection to
     /// `ip:port` within 3 s.
     pub fn connects(&self, pod: &str, ip: &str, port: u16) -> bool {
