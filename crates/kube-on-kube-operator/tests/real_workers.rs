@@ -752,8 +752,11 @@ fn events(k: &Kubectl, name: &str) -> Vec<(String, String)> {
 /// The Pod's container IDs and restart counts: unchanged means the
 /// containers kept running.
 fn container_ids(k: &Kubectl, ns: &str, pod: &str) -> Vec<(String, i64)> {
-    k.json(&["-n", ns, "get", "pod", pod])
-        .and_then(|p| {
+    // A read that fails (the business API busy beside other tests) is no
+    // answer, not a Pod without containers: asked again for up to 30 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let read = k.json(&["-n", ns, "get", "pod", pod]).and_then(|p| {
             Some(
                 p["status"]["containerStatuses"]
                     .as_array()?
@@ -766,8 +769,16 @@ fn container_ids(k: &Kubectl, ns: &str, pod: &str) -> Vec<(String, i64)> {
                     })
                     .collect(),
             )
-        })
-        .unwrap_or_default()
+        });
+        if let Some(ids) = read {
+            return ids;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Pod {ns}/{pod} and its container statuses could not be read for 30 s"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
 
 /// What a roll looked like from outside, polled twice a second.
