@@ -745,6 +745,17 @@ impl World {
     }
 }
 
+/// The steps that replace a member whose Pod still exists with one on
+/// empty data.
+const REPLACED_ON_EMPTY_DATA: [&str; 6] = [
+    "remove",
+    "delete-pod",
+    "delete-claim",
+    "add",
+    "start",
+    "promote",
+];
+
 fn kinds(steps: &[Step]) -> Vec<&'static str> {
     steps.iter().map(Step::kind).collect()
 }
@@ -825,17 +836,7 @@ fn failed_member_replace_sequence_wipes_its_data() {
     let mut w = World::healthy(3);
     w.pods[2] = Failed;
     let steps = w.converge(3);
-    assert_eq!(
-        kinds(&steps),
-        [
-            "remove",
-            "delete-pod",
-            "delete-claim",
-            "add",
-            "start",
-            "promote"
-        ]
-    );
+    assert_eq!(kinds(&steps), REPLACED_ON_EMPTY_DATA);
 }
 
 #[test]
@@ -890,17 +891,7 @@ fn quorum_protection_blocks_until_a_voter_recovers() {
     });
     assert!(is_wait(&step, "quorum"), "{step:?}");
     w.pods[2] = Ready;
-    assert_eq!(
-        kinds(&w.converge(3)),
-        [
-            "remove",
-            "delete-pod",
-            "delete-claim",
-            "add",
-            "start",
-            "promote"
-        ]
-    );
+    assert_eq!(kinds(&w.converge(3)), REPLACED_ON_EMPTY_DATA);
 }
 
 /// Crash before or after carrying out each step of the longest sequences:
@@ -1169,17 +1160,7 @@ fn a_member_whose_data_is_stranded_on_a_gone_node_is_replaced() {
     let mut w = World::healthy(3);
     w.pods[2] = NotReady;
     w.claims[2] = ClaimState::Stranded;
-    assert_eq!(
-        kinds(&w.converge(3)),
-        [
-            "remove",
-            "delete-pod",
-            "delete-claim",
-            "add",
-            "start",
-            "promote"
-        ]
-    );
+    assert_eq!(kinds(&w.converge(3)), REPLACED_ON_EMPTY_DATA);
 }
 
 #[test]
