@@ -778,7 +778,7 @@ async fn attempt(
             Some(&cluster.spec.version),
             Some((&bundle, &key)),
             answers.request,
-            OffsetDateTime::now_utc(),
+            after_the_newest(&listed, OffsetDateTime::now_utc()).await,
         )
         .await
         .map_err(|e| Failure::categorized(e.category(), e.to_string()))
@@ -826,6 +826,24 @@ async fn attempt(
     Ok(taken)
 }
 
+/// `now`, or the start of the next second when the newest stored snapshot
+/// was taken in this very second (after a short wait until then). Names are
+/// to the second: two snapshots of an unchanged etcd asked for within one
+/// second would otherwise have the same name, and the second be refused as
+/// existing.
+async fn after_the_newest(listed: &[Manifest], now: OffsetDateTime) -> OffsetDateTime {
+    if listed
+        .first()
+        .is_none_or(|m| m.taken_at != super::manifest::rfc3339(now))
+    {
+        return now;
+    }
+    let next = now.replace_nanosecond(0).unwrap_or(now) + time::Duration::SECOND;
+    let wait = (next - now).max(time::Duration::ZERO);
+    tokio::time::sleep(wait.unsigned_abs()).await;
+    next
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -849,6 +867,23 @@ mod tests {
             pki: None,
             request: None,
         }
+    }
+
+    /// Two requests within one second of an unchanged etcd get two names.
+    #[tokio::test]
+    async fn a_snapshot_in_the_second_of_the_newest_waits_for_the_next() {
+        let at = |s: &str| {
+            OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).unwrap()
+        };
+        let now = at("2026-11-27T11:00:05.400Z");
+        let newest = [manifest("2026-11-27T11:00:05Z")];
+        assert_eq!(
+            after_the_newest(&newest, now).await,
+            at("2026-11-27T11:00:06Z")
+        );
+        let older = [manifest("2026-11-27T11:00:04Z")];
+        assert_eq!(after_the_newest(&older, now).await, now);
+        assert_eq!(after_the_newest(&[], now).await, now);
     }
 
     /// A snapshot stored just before the operator stopped (its status never
