@@ -209,7 +209,7 @@ impl Meta {
         // on the cores: beside CPU-bound tests its timers and probes
         // stretched a test from 225 s alone to 340-410 s. Its Pods'
         // containers are weighed by their kubelets' cgroups instead.
-        kok_testenv::renice_process(-10).expect("a higher priority (needs root)");
+        kok_testenv::renice_process(-5).expect("a higher priority (needs root)");
         let meta_hosts = hosts;
         let hosts = TestHosts::start(hosts + business_hosts).expect("the test hosts");
         let gateway = hosts.gateway_ip();
