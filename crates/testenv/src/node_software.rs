@@ -246,10 +246,13 @@ fn example_document(kind: &str) -> Result<Value, Error> {
 ///   tests);
 /// - the kubelet's cgroup root, the host's own subtree of the machine's
 ///   cgroups (a real host's kubelet owns the whole tree);
-/// - disk eviction thresholds of 1%: the hosts share the machine's disk,
-///   whose free share says nothing about them, and the example's 10% (or
-///   the kubelet's default 15% for images) would taint them with disk
-///   pressure on a well-filled machine.
+/// - no disk eviction threshold (`0%`, which the kubelet reads as none):
+///   the hosts share the machine's disk, whose free share says nothing
+///   about them. The example's 10% (or the kubelet's default 15% for
+///   images) taints them with disk pressure on a well-filled machine, and
+///   even 1% did on a machine with 4 GB of 252 GB free: the kubelet
+///   evicted a meta worker's control-plane Pods and rejected its
+///   DaemonSet's, one after another, until the test timed out.
 pub fn fill_in_machine(machine: &mut Value, host: &TestHost) {
     let spec = &mut machine["spec"];
     spec["ip"] = host.ip().to_string().into();
@@ -260,8 +263,8 @@ pub fn fill_in_machine(machine: &mut Value, host: &TestHost) {
         None => spec["sysctls"] = serde_json::json!({}),
     }
     spec["kubelet"]["extraArgs"]["cgroup-root"] = host.cgroup_root().into();
-    spec["kubelet"]["evictionHard"]["nodefs.available"] = "1%".into();
-    spec["kubelet"]["evictionHard"]["imagefs.available"] = "1%".into();
+    spec["kubelet"]["evictionHard"]["nodefs.available"] = "0%".into();
+    spec["kubelet"]["evictionHard"]["imagefs.available"] = "0%".into();
 }
 
 /// The example Machine (`examples/machine.yaml`) for `host`, named after it,

@@ -433,11 +433,11 @@ cgroupDriver: cgroupfs
 failCgroupV1: false
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
 # The machine's disk is shared and often more than 85% full: the default
-# thresholds (nodefs 10%, imagefs 15%) would evict every Pod.
+# thresholds (nodefs 10%, imagefs 15%) would evict every Pod. 0% is none.
 evictionHard:
   memory.available: 100Mi
-  nodefs.available: 1%
-  imagefs.available: 1%
+  nodefs.available: 0%
+  imagefs.available: 0%
 ";
     for host in hosts.hosts() {
         // As the PackageVersion's unit renders it, `kubeletExtraArgs`
