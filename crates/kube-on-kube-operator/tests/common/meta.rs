@@ -716,6 +716,55 @@ impl NodeOperator {
     }
 }
 
+impl Drop for Meta {
+    /// On a failure, what the meta-cluster looked like: each node's
+    /// conditions (disk or memory pressure evicts Pods), the Pods not
+    /// running, and the last warnings.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let show = |what: &str, args: &[&str]| match self.kubectl.run(args, None) {
+            Ok(out) => eprintln!("--- {what}\n{out}"),
+            Err(e) => eprintln!("--- {what}: {e}"),
+        };
+        show(
+            "meta nodes' conditions that hold",
+            &[
+                "get",
+                "nodes",
+                "-o",
+                r#"jsonpath={range .items[*]}{.metadata.name}:{range .status.conditions[?(@.status=="True")]} {.type}{end}{"\n"}{end}"#,
+            ],
+        );
+        show(
+            "meta Pods not running",
+            &[
+                "get",
+                "pods",
+                "-A",
+                "-o",
+                "wide",
+                "--field-selector=status.phase!=Running",
+            ],
+        );
+        if let Ok(events) = self.kubectl.run(
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector=type=Warning",
+                "--sort-by=.lastTimestamp",
+            ],
+            None,
+        ) {
+            let lines: Vec<&str> = events.lines().collect();
+            let last = &lines[lines.len().saturating_sub(30)..];
+            eprintln!("--- the last meta warnings\n{}", last.join("\n"));
+        }
+    }
+}
+
 impl Drop for NodeOperator {
     fn drop(&mut self) {
         let _ = self.child.kill();
