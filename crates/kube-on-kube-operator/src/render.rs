@@ -7,6 +7,7 @@ pub mod control_plane;
 pub mod etcd;
 #[cfg(test)]
 mod golden;
+pub mod konnectivity;
 pub mod kubeconfig;
 pub mod network_policy;
 pub mod restore;

@@ -16,7 +16,7 @@ use kube_on_kube_api::cluster::ClaimDestination;
 use ring::rand::{SecureRandom, SystemRandom};
 use time::OffsetDateTime;
 
-use super::scheduled::Failure;
+use super::failure::Failure;
 use crate::Error;
 use crate::applied::resource_version;
 use crate::context::{Context, apply_if_changed, hash_of};

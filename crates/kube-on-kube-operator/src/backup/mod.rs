@@ -6,6 +6,7 @@
 //! they hold), `transport` carries the storage requests over the operator's
 //! own TLS stack. [`take`] puts them together.
 
+pub mod failure;
 pub mod gateway;
 pub mod manifest;
 pub mod pki;

@@ -30,7 +30,8 @@ use kube_on_kube_api::Cluster;
 use kube_on_kube_api::cluster::{RECOVER_ANNOTATION, RestoreFrom, RestoreStatus};
 use serde_json::json;
 
-use super::scheduled::{Failure, open_store, read_key};
+use super::failure::Failure;
+use super::scheduled::{open_store, read_key};
 use super::{Manifest, SnapshotStore, pki};
 use crate::Error;
 use crate::context::{Context, publish};

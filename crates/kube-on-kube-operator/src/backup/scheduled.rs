@@ -32,6 +32,7 @@ use kube_on_kube_api::cluster::{
 use serde_json::json;
 use time::OffsetDateTime;
 
+use super::failure::Failure;
 use super::{Manifest, SnapshotStore, StoreConfig, StoreError, pki};
 use crate::Error;
 use crate::context::{Context, publish};
@@ -148,39 +149,6 @@ pub fn expired(
         })
         .map(|(i, _)| i)
         .collect()
-}
-
-/// A failed attempt: the condition's reason and what to tell the user.
-#[derive(Debug)]
-pub(super) struct Failure {
-    pub(super) reason: String,
-    pub(super) message: String,
-}
-
-impl Failure {
-    pub(super) fn new(reason: &str, message: impl Into<String>) -> Failure {
-        Failure {
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    /// From a category such as `backup-denied`: `BackupDenied`.
-    pub(super) fn categorized(category: &str, message: impl Into<String>) -> Failure {
-        let reason = category
-            .split('-')
-            .map(|word| {
-                let mut chars = word.chars();
-                chars.next().map_or(String::new(), |first| {
-                    first.to_ascii_uppercase().to_string() + chars.as_str()
-                })
-            })
-            .collect::<String>();
-        Failure {
-            reason,
-            message: message.into(),
-        }
-    }
 }
 
 /// A snapshot stored, and what retention did after it.

@@ -10,6 +10,7 @@
 //! members and reports their Pods, but makes no membership change.
 
 pub mod api;
+pub mod health;
 pub mod membership;
 pub mod spread;
 pub mod stranded;
@@ -34,6 +35,7 @@ use kube_on_kube_api::cluster::EtcdMemberStatus;
 use serde_json::json;
 
 use self::api::{EtcdClient, EtcdError, Member, Status};
+pub use self::health::Health;
 use self::membership::{ClaimState, ClusterState, Observed, PodState, Slot, Step};
 use self::stranded::Home;
 use crate::Error;
@@ -134,14 +136,6 @@ pub struct Report {
     /// When to look again while a membership change or roll is under way;
     /// `None` otherwise (the Cluster's own poll covers an unsettled etcd).
     pub requeue: Option<Duration>,
-}
-
-/// The EtcdReady condition's status, reason and message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Health {
-    pub ready: bool,
-    pub reason: &'static str,
-    pub message: String,
 }
 
 /// Whether etcd is fully rolled to the desired version and template, every

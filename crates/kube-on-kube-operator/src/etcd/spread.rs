@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use kube::api::{Api, ListParams};
 use kube_on_kube_api::cluster::Placement;
 
-use crate::etcd::Health;
+use super::health::Health;
 use crate::render::etcd::{Spread, pod_spread};
 
 /// Whether `node` can take a control-plane Pod placed as `placement` says:

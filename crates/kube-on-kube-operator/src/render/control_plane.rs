@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube_on_kube_api::cluster::{AuditSpec, Cluster, ComponentSpec, ExposureType};
 use serde_json::Value;
 
-use super::addons::{KONNECTIVITY_AGENT_PORT, Konnectivity};
+use super::konnectivity::{KONNECTIVITY_AGENT_PORT, Konnectivity};
 use super::{CONFIG_HASH_ANNOTATION, component_labels, owner};
 use crate::names::{Component, Names};
 
