@@ -12,7 +12,7 @@
 //! disabling removes, and an invalid template or an unknown add-on is reported
 //! while everything else keeps running.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -422,9 +422,7 @@ async fn addons_reach_the_business_cluster_and_follow_the_spec() {
         .expect("template 2.0.0");
     start_operator(&client, &ns, &templates_ns, &runner.nodes()[0]).await;
 
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("example");
+    let mut cluster: Cluster = common::minimal_example();
     cluster.metadata.namespace = Some(ns.clone());
     cluster.spec.mode = ClusterMode::Minimal;
     cluster.spec.placement = Some(Placement {

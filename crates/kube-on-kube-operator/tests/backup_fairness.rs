@@ -17,7 +17,7 @@
 //! refusal is retried with a backoff).
 
 mod backup_pods;
-mod common;
+use kok_test_support as common;
 
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};

@@ -7,7 +7,7 @@
 //! than the template limit is reported unread.
 
 mod backup_pods;
-mod common;
+use kok_test_support as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! budget.
 #![allow(dead_code, unused_imports)]
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

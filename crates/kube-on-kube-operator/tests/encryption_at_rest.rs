@@ -5,7 +5,7 @@
 //! from `real_cluster` so that neither binary runs past its share of the
 //! test budget.
 
-mod common;
+use kok_test_support as common;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

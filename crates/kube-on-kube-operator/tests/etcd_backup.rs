@@ -34,7 +34,7 @@
 //! `etcd_quorum_loss`.
 
 mod backup_pods;
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;

@@ -5,7 +5,7 @@
 //!
 //! The other rolls are in `etcd_rolls`, members that fail in `etcd_recovery`.
 
-mod common;
+use kok_test_support as common;
 mod etcd_pods;
 
 use std::time::Instant;

@@ -5,7 +5,7 @@
 //! snapshots on a claim are in `etcd_backup`.
 
 mod backup_pods;
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

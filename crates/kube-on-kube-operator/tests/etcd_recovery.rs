@@ -12,7 +12,7 @@
 //!
 //! Membership changes and rolls that go right are in `etcd_rolls`.
 
-mod common;
+use kok_test_support as common;
 mod etcd_pods;
 
 use std::time::Instant;

@@ -9,7 +9,7 @@
 //! `etcd_recovery`: each is a binary of its own, so that no binary holds
 //! two Production control planes one after the other.
 
-mod common;
+use kok_test_support as common;
 mod etcd_pods;
 
 use std::time::Instant;

@@ -4,7 +4,7 @@
 //! its own process, so its peak memory (VmHWM) is its own; the test prints the
 //! time and the peak and asserts bounds on both.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;

@@ -3,7 +3,7 @@
 //! objects it owns appear with owner references, status reports every
 //! component, and deleting the Cluster garbage-collects everything.
 
-mod common;
+use kok_test_support as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

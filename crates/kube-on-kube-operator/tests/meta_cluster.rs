@@ -1,12 +1,11 @@
 //! Business control planes in real containers on a real meta-cluster
-//! (`common/meta.rs`): the chart installs both operators from their images;
+//! (`kok_test_support::meta`): the chart installs both operators from their images;
 //! a Production Cluster, admitted as `restricted`, becomes Ready while its
 //! leading operator is killed; another tenant cannot reach its etcd; and a
 //! version upgrade pulls and rolls upstream's next images.
 
-mod common;
-#[path = "common/meta.rs"]
-mod meta;
+use kok_test_support as common;
+use kok_test_support::meta;
 
 use meta::*;
 
@@ -130,58 +129,119 @@ async fn a_control_plane_runs_in_real_containers_on_meta_workers_that_are_machin
 }
 
 /// The benchmark command behind bench/README.md's "Control planes in real
-/// containers": a Minimal and a Production Cluster made one after the
-/// other on a real meta-cluster (three meta workers), the time from create
-/// to every condition True, then, after a minute idle, the memory their
-/// Pods' containers use (working set, from each meta worker's kubelet).
-/// `cargo test -p kube-on-kube-operator --test meta_cluster -- --ignored
-/// --nocapture measured`.
+/// containers": on a real meta-cluster (three meta workers) a Minimal
+/// Cluster (which pulls its images), a Production Cluster (which pulls them
+/// onto the other workers) and a second Minimal (every image already on
+/// every worker), one after the other: the time from create to every
+/// condition True, then, after a minute idle, the memory their Pods'
+/// containers use (working set, from each meta worker's kubelet). Then, in
+/// the same run, the same Minimal and Production on the Pod runner the fast
+/// tests use (components as processes, nothing to pull), timed the same
+/// way. `cargo test -p kube-on-kube-operator --test meta_cluster --
+/// --ignored --nocapture measured`.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a benchmark: bench/README.md"]
 async fn control_planes_in_real_containers_measured() {
-    let meta = Meta::up(3, 0).await;
-    let client = meta.env.client().await;
     let mut rows = Vec::new();
-    for mode in ["Minimal", "Production"] {
-        let ns = format!("bench-{}", mode.to_lowercase());
-        let created = Instant::now();
-        let (clusters, name) = match mode {
-            "Production" => meta.create_production(&ns, TO_VERSION).await,
-            _ => {
-                meta.kubectl.apply(&restricted_namespace(&ns));
-                let mut small: kube_on_kube_api::Cluster =
-                    serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-                        .expect("the Minimal example");
-                small.metadata.namespace = Some(ns.clone());
-                small.spec.api_server.external.type_ =
-                    kube_on_kube_api::cluster::ExposureType::ClusterIP;
-                let clusters: kube::Api<kube_on_kube_api::Cluster> =
-                    kube::Api::namespaced(client.clone(), &ns);
-                clusters
-                    .create(&Default::default(), &small)
-                    .await
-                    .expect("create the Minimal Cluster");
-                (clusters, kube::ResourceExt::name_any(&small))
-            }
+    {
+        let meta = Meta::up(3, 0).await;
+        let client = meta.env.client().await;
+        for (shown, mode, ns) in [
+            ("Minimal, images pulled", "Minimal", "bench-minimal"),
+            ("Production", "Production", "bench-production"),
+            (
+                "Minimal, images on the nodes",
+                "Minimal",
+                "bench-minimal-warm",
+            ),
+        ] {
+            let created = Instant::now();
+            let (clusters, name) = match mode {
+                "Production" => meta.create_production(ns, TO_VERSION).await,
+                _ => {
+                    meta.kubectl.apply(&restricted_namespace(ns));
+                    let mut small = common::minimal_example();
+                    small.metadata.namespace = Some(ns.to_string());
+                    small.spec.api_server.external.type_ =
+                        kube_on_kube_api::cluster::ExposureType::ClusterIP;
+                    let clusters: kube::Api<kube_on_kube_api::Cluster> =
+                        kube::Api::namespaced(client.clone(), ns);
+                    clusters
+                        .create(&Default::default(), &small)
+                        .await
+                        .expect("create the Minimal Cluster");
+                    (clusters, kube::ResourceExt::name_any(&small))
+                }
+            };
+            common::ready_cluster(&clusters, &name, None).await;
+            let ready = created.elapsed();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            let (pods, containers, bytes) = meta.memory_of(ns);
+            println!(
+                "real meta-cluster, {shown}: Ready in {ready:?}; {pods} Pods, {containers} containers, {:.0} MiB",
+                bytes as f64 / 1048576.0
+            );
+            rows.push(format!(
+                "| real containers | {shown} | {:.1} | {pods} | {containers} | {:.0} |",
+                ready.as_secs_f64(),
+                bytes as f64 / 1048576.0
+            ));
+        }
+    }
+
+    // The Pod runner: the operator as a Pod of the test environment's
+    // meta-cluster, every component a process on three runner nodes.
+    let env = kok_testenv::kube_env::KubeEnv::shared();
+    let runner = kok_testenv::pods::PodRunner::start(
+        env,
+        kok_testenv::pods::Options {
+            nodes: vec!["cp-0".into(), "cp-1".into(), "cp-2".into()],
+            labels: [(CONTROL_PLANE_LABEL.to_string(), String::new())].into(),
+            programs: [
+                (
+                    "kube-on-kube-operator".to_string(),
+                    common::operator_binary(),
+                ),
+                ("node-operator".to_string(), common::node_operator_binary()),
+            ]
+            .into(),
+            load_balancer: true,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("the Pod runner did not start: {e}"));
+    let client = env.client().await;
+    for (shown, mode) in [("Minimal", "Minimal"), ("Production", "Production")] {
+        let ns = env
+            .namespace(&format!("bench-{}", mode.to_lowercase()))
+            .await;
+        common::grant_operator(&client, &ns).await;
+        common::start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
+        let mut cluster = match mode {
+            "Production" => common::production_example(),
+            _ => common::minimal_on_runner(),
         };
-        common::ready_cluster(&clusters, &name, None).await;
+        cluster.metadata.namespace = Some(ns.clone());
+        let clusters: kube::Api<kube_on_kube_api::Cluster> =
+            kube::Api::namespaced(client.clone(), &ns);
+        let created = Instant::now();
+        clusters
+            .create(&Default::default(), &cluster)
+            .await
+            .expect("create the Cluster on the Pod runner");
+        common::ready_cluster(&clusters, &kube::ResourceExt::name_any(&cluster), None).await;
         let ready = created.elapsed();
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        let (pods, containers, bytes) = meta.memory_of(&ns);
-        println!(
-            "{mode}: Ready in {ready:?}; {pods} Pods, {containers} containers, {:.0} MiB",
-            bytes as f64 / 1048576.0
-        );
+        println!("Pod runner, {shown}: Ready in {ready:?}");
         rows.push(format!(
-            "| {mode} | {:.1} | {pods} | {containers} | {:.0} |",
-            ready.as_secs_f64(),
-            bytes as f64 / 1048576.0
+            "| Pod runner (processes) | {shown} | {:.1} | | | |",
+            ready.as_secs_f64()
         ));
     }
+
     println!(
-        "\n| mode | create → all conditions True s | Pods | containers | memory (working set) MiB |"
+        "\n| meta-cluster | Cluster | create → all conditions True s | Pods | containers | memory (working set) MiB |"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|");
     for row in rows {
         println!("{row}");
     }

@@ -1,12 +1,11 @@
-//! Removing a meta worker is deleting its Machine (`common/meta.rs` makes
+//! Removing a meta worker is deleting its Machine (`kok_test_support::meta` makes
 //! the real meta-cluster): the node-operator drains it, the etcd member
 //! whose data it held is replaced on another meta worker while the others
 //! keep a quorum, and the business cluster never notices: its API answers
 //! every call, and the workload on its real worker keeps running.
 
-mod common;
-#[path = "common/meta.rs"]
-mod meta;
+use kok_test_support as common;
+use kok_test_support::meta;
 
 use meta::*;
 

@@ -4,7 +4,7 @@
 //! derived object the API server refuses (here: a ValidatingAdmissionPolicy
 //! of the namespace) shows the API server's message on the Cluster.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -20,7 +20,7 @@
 //! there from the machine, and the business cluster's `kubernetes` Service
 //! points at it.
 
-mod common;
+use kok_test_support as common;
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -461,9 +461,7 @@ async fn minimal_example_becomes_a_working_kubernetes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn production_example_becomes_a_working_kubernetes() {
-    let cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
-            .expect("example");
+    let cluster: Cluster = common::production_example();
     let metrics_server: ConfigMap = serde_norway::from_str(include_str!(
         "../../../examples/addon-template-metrics-server.yaml"
     ))

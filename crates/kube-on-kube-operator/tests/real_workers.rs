@@ -21,7 +21,7 @@
 //! images come from a real registry mirroring registry.k8s.io (containerd's
 //! `hosts.toml`), and artifacts from an HTTP server next to the hosts.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -210,9 +210,7 @@ async fn workers_run_real_pods() {
     start_operator_pod(&client, &ns, &runner.nodes()[0]).await;
 
     // The Minimal example, exposed to its workers by a LoadBalancer.
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
-            .expect("example");
+    let mut cluster: Cluster = common::minimal_example();
     cluster.metadata.namespace = Some(ns.clone());
     cluster.spec.placement = Some(Placement {
         node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),

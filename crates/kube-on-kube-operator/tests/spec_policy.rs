@@ -6,7 +6,7 @@
 //! runs with exactly that path and image; a running Cluster whose spec turns
 //! to a refused image keeps every Pod and Deployment as they were.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

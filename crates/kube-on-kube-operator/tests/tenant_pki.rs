@@ -5,7 +5,7 @@
 //! deleted CA Secret is not made again (nothing is reissued, the condition
 //! says how to get out), and restoring it recovers the Cluster.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -11,7 +11,7 @@
 //!   nothing running changes;
 //! - deleting a Cluster removes everything it owns, timed.
 
-mod common;
+use kok_test_support as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

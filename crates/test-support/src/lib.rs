@@ -1,9 +1,10 @@
-//! Helpers the real-cluster tests share: the Pod runner, the operator run as
-//! a Pod of the meta-cluster, a test Cluster on the runner's nodes, a client
-//! of the business API, a poller that counts failed business API calls, and
-//! etcdctl against the members.
+//! What the operator's test binaries share (each names it `common`): the
+//! Pod runner, the operator run as a Pod of the meta-cluster, a test
+//! Cluster on the runner's nodes, a client of the business API, a poller
+//! that counts failed business API calls, and etcdctl against the members;
+//! and [`meta`], a real meta-cluster whose workers are Machines.
 
-#![allow(dead_code)]
+pub mod meta;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,18 +30,30 @@ use serde_json::json;
 /// `KOK_NODE_OPERATOR`, else beside the running test in the same profile
 /// directory (`target/debug/node-operator` for `target/debug/deps/x`).
 pub fn node_operator_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("KOK_NODE_OPERATOR") {
+    workspace_binary("node-operator", "KOK_NODE_OPERATOR")
+}
+
+/// The kube-on-kube-operator binary the test runs: `KOK_OPERATOR`, else
+/// beside the running test (cargo builds it for the operator's tests).
+pub fn operator_binary() -> PathBuf {
+    workspace_binary("kube-on-kube-operator", "KOK_OPERATOR")
+}
+
+/// A binary of this workspace: the path in `var`, else `name` beside the
+/// running test in the same profile directory.
+fn workspace_binary(name: &str, var: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(var) {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("current exe");
     exe.ancestors()
         .skip(1)
         .take(2)
-        .map(|dir| dir.join("node-operator"))
+        .map(|dir| dir.join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| {
             panic!(
-                "no node-operator binary next to {}: run `cargo build --workspace --bins` first (or set KOK_NODE_OPERATOR)",
+                "no {name} binary next to {}: run `cargo build --workspace --bins` first (or set {var})",
                 exe.display()
             )
         })
@@ -49,9 +62,9 @@ pub fn node_operator_binary() -> PathBuf {
 /// Start a Pod runner with three control-plane nodes, the operator's binary
 /// and `programs` (image name, optionally with a tag → program).
 pub fn start_runner(programs: Vec<(String, PathBuf)>) -> PodRunner {
-    let operator = env!("CARGO_BIN_EXE_kube-on-kube-operator");
+    let operator = operator_binary();
     let mut all: std::collections::BTreeMap<String, PathBuf> =
-        [("kube-on-kube-operator".to_string(), operator.into())].into();
+        [("kube-on-kube-operator".to_string(), operator)].into();
     all.extend(programs);
     PodRunner::start(
         KubeEnv::shared(),
@@ -145,11 +158,21 @@ async fn delete_operator_pod(client: &Client, ns: &str, params: &DeleteParams) {
     .await;
 }
 
+/// `examples/cluster-minimal.yaml` as it is.
+pub fn minimal_example() -> Cluster {
+    serde_norway::from_str(include_str!("../../../examples/cluster-minimal.yaml"))
+        .expect("the Minimal example")
+}
+
+/// `examples/cluster-production.yaml` as it is.
+pub fn production_example() -> Cluster {
+    serde_norway::from_str(include_str!("../../../examples/cluster-production.yaml"))
+        .expect("the Production example")
+}
+
 /// A Cluster named `name` in `ns` on the runner's nodes, etcd on claims.
 pub fn test_cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
-            .expect("example");
+    let mut cluster: Cluster = minimal_example();
     cluster.metadata.namespace = Some(ns.into());
     cluster.metadata.name = Some(name.into());
     cluster.spec.mode = mode;
@@ -168,9 +191,7 @@ pub fn test_cluster(ns: &str, name: &str, mode: ClusterMode) -> Cluster {
 /// The production example as Cluster `name` in `ns` for kwok nodes: they
 /// carry no control-plane label, and no provisioner serves claims.
 pub fn kwok_cluster(mode: ClusterMode, ns: &str, name: &str) -> Cluster {
-    let mut c: Cluster =
-        serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
-            .expect("example");
+    let mut c: Cluster = production_example();
     c.metadata.namespace = Some(ns.into());
     c.metadata.name = Some(name.into());
     c.spec.mode = mode;
@@ -644,7 +665,7 @@ impl OperatorProcess {
         let env = KubeEnv::shared();
         let log = env.log_dir().join(format!("operator-{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_kube-on-kube-operator"))
+        let child = std::process::Command::new(operator_binary())
             .arg(format!("--kubeconfig={}", env.kubeconfig_path().display()))
             .arg("--leader-elect=false")
             .arg("--http-address=127.0.0.1:0")
@@ -685,9 +706,7 @@ impl Drop for OperatorProcess {
 /// A Minimal Cluster `name` in `ns` for kwok nodes: no placement, etcd on
 /// `emptyDir`.
 pub fn kwok_minimal_cluster(ns: &str, name: &str) -> Cluster {
-    let mut c: Cluster =
-        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
-            .expect("example");
+    let mut c: Cluster = minimal_example();
     c.metadata.namespace = Some(ns.into());
     c.metadata.name = Some(name.into());
     c.spec.placement = None;
@@ -750,9 +769,7 @@ pub async fn delete_and_stop_operator(client: &Client, ns: &str, name: &str) {
 /// placement: without one the Pods could land on the meta-cluster's
 /// simulated nodes, where nothing runs.
 pub fn minimal_on_runner() -> Cluster {
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
-            .expect("example");
+    let mut cluster: Cluster = minimal_example();
     cluster.spec.placement = Some(Placement {
         node_selector: [(RUNNER_LABEL.to_string(), "true".to_string())].into(),
         tolerations: vec![],

@@ -13,9 +13,8 @@
 //! through a forwarder on their bridge (the address its certificate names
 //! and the `kubernetes` Service leads to), images come from the registry
 //! mirroring their upstream names, node software from the artifact server.
-#![allow(dead_code)]
-
-use crate::common::{self, Kubectl};
+use crate as common;
+use crate::Kubectl;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -137,14 +136,12 @@ impl Meta {
         self.kubectl.apply(&restricted_namespace(ns));
         // The example's metrics-server add-on, registered as a user does.
         let mut template: Value = serde_norway::from_str(include_str!(
-            "../../../../examples/addon-template-metrics-server.yaml"
+            "../../../examples/addon-template-metrics-server.yaml"
         ))
         .expect("the add-on template example");
         template["metadata"]["namespace"] = ns.into();
         self.kubectl.apply(&template.to_string());
-        let mut cluster: Cluster =
-            serde_norway::from_str(include_str!("../../../../examples/cluster-production.yaml"))
-                .expect("the Production example");
+        let mut cluster: Cluster = common::production_example();
         cluster.metadata.namespace = Some(ns.into());
         cluster.spec.version = version.into();
         let (lb_address, _) = self.pool();
@@ -779,9 +776,7 @@ impl Drop for NodeOperator {
 /// cluster with the meta-cluster's networks, whose API hosts reach at
 /// `server`, and applied.
 pub async fn apply_addons(client: &kube::Client, env: &KubeEnv, server: &str) {
-    let mut cluster: Cluster =
-        serde_norway::from_str(include_str!("../../../../examples/cluster-minimal.yaml"))
-            .expect("the Minimal example");
+    let mut cluster: Cluster = common::minimal_example();
     cluster.spec.network.service_cidr = META_SERVICE_CIDR.into();
     cluster.spec.network.pod_cidr = POD_CIDR.into();
     // The meta-cluster's network enforces NetworkPolicies: tenants are
