@@ -99,6 +99,12 @@ impl Meta {
         println!("meta control plane and add-ons up after {:?}", t0.elapsed());
         let applied = Instant::now();
         meta.apply_machines();
+        // What needs no node goes first, while the hosts become nodes: the
+        // operators' images pushed, the storage and load balancer applied
+        // (their Pods wait for the nodes).
+        let pushed = meta.push_operator_images();
+        println!("pushed {pushed:?}");
+        meta.apply_storage_and_load_balancer();
         let nodes = meta.wait_nodes_ready(Duration::from_secs(420)).await;
         println!(
             "Machines applied → {} meta workers Ready in {:?}",
@@ -112,13 +118,18 @@ impl Meta {
         meta.wait_pods_ready("CoreDNS", "k8s-app=kube-dns", 1).await;
         println!("meta add-ons running after {:?}", applied.elapsed());
         meta.route_pods();
-        meta.install_storage_and_load_balancer();
-        println!(
-            "local-path-provisioner and MetalLB running after {:?}",
-            applied.elapsed()
-        );
+        // The chart installs while the storage and load balancer roll out.
         let installed = Instant::now();
-        meta.install_chart().await;
+        std::thread::scope(|s| {
+            let chart = s.spawn(|| meta.helm_install());
+            meta.wait_storage_and_load_balancer();
+            println!(
+                "local-path-provisioner and MetalLB running after {:?}",
+                applied.elapsed()
+            );
+            chart.join().expect("the chart's install");
+        });
+        meta.hand_over_node_operator().await;
         println!(
             "the chart's operators run from their images after {:?}",
             installed.elapsed()
@@ -329,18 +340,21 @@ impl Meta {
 }
 
 impl Meta {
-    /// The operators' images from this build, then the chart installed with
-    /// them (`helm upgrade --install --wait`), the node-operator for the
-    /// meta-cluster's own Machines enabled; the bootstrap node-operator
-    /// hands its Lease over to the chart's.
-    pub async fn install_chart(&mut self) {
+    /// The operators' images from this build, pushed to the registry under
+    /// the chart's default names.
+    pub fn push_operator_images(&self) -> Vec<String> {
         let bin_dir = common::node_operator_binary()
             .parent()
             .expect("the binaries' directory")
             .to_path_buf();
-        let pushed = node_software::push_operator_images(&bin_dir, env!("CARGO_PKG_VERSION"))
-            .expect("the operators' images");
-        println!("pushed {pushed:?}");
+        node_software::push_operator_images(&bin_dir, env!("CARGO_PKG_VERSION"))
+            .expect("the operators' images")
+    }
+
+    /// The chart installed with the pushed images (`helm upgrade --install
+    /// --wait`), the node-operator for the meta-cluster's own Machines
+    /// enabled.
+    pub fn helm_install(&self) {
         let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/kube-on-kube");
         let home = tempfile::tempdir().expect("helm's home");
         let out = Command::new(kok_testenv::bins::bin("helm").expect("helm"))
@@ -364,6 +378,11 @@ impl Meta {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// The bootstrap node-operator stopped: it hands its Lease over to the
+    /// chart's.
+    pub async fn hand_over_node_operator(&mut self) {
         self.node_operator.stop();
         let leases: Api<Lease> = Api::namespaced(self.env.client().await, RELEASE_NAMESPACE);
         let holder = wait_for(
@@ -433,6 +452,13 @@ impl Meta {
     /// An agnhost Pod `name` in `ns` that Pod Security's restricted
     /// standard admits, once it runs; `namespace/name`.
     pub fn restricted_pod(&self, ns: &str, name: &str) -> String {
+        let pod = self.start_restricted_pod(ns, name);
+        self.wait_pod_ready(&pod);
+        pod
+    }
+
+    /// That Pod created, not waited for; `namespace/name`.
+    pub fn start_restricted_pod(&self, ns: &str, name: &str) -> String {
         let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns},
@@ -449,6 +475,12 @@ impl Meta {
             },
         });
         self.kubectl.apply(&pod.to_string());
+        format!("{ns}/{name}")
+    }
+
+    /// Waits until `pod` (`namespace/name`) is Ready.
+    pub fn wait_pod_ready(&self, pod: &str) {
+        let (ns, name) = pod.split_once('/').expect("namespace/name");
         self.kubectl
             .run(
                 &[
@@ -461,8 +493,7 @@ impl Meta {
                 ],
                 None,
             )
-            .unwrap_or_else(|e| panic!("{ns}/{name} runs: {e}"));
-        format!("{ns}/{name}")
+            .unwrap_or_else(|e| panic!("{pod} runs: {e}"));
     }
 
     /// The IP of a Pod in `ns` matching `selector`.
@@ -574,7 +605,7 @@ impl Meta {
     /// volumes under each node's /opt, its helper Pods on busybox) and
     /// MetalLB in L2 mode answering for [`Meta::pool`] on the hosts'
     /// network.
-    pub fn install_storage_and_load_balancer(&self) {
+    pub fn apply_storage_and_load_balancer(&self) {
         let manifests = node_software::images_dir()
             .expect("the images' directory")
             .join("manifests");
@@ -599,6 +630,11 @@ impl Meta {
         let metallb = std::fs::read_to_string(manifests.join("metallb-native.yaml"))
             .expect("MetalLB's manifest");
         self.kubectl.apply(&metallb);
+    }
+
+    /// Waits until local-path-provisioner and MetalLB run, then gives
+    /// MetalLB its pool and advertises it in L2 mode.
+    pub fn wait_storage_and_load_balancer(&self) {
         for (ns, what) in [
             ("local-path-storage", "deployment/local-path-provisioner"),
             ("metallb-system", "deployment/controller"),
