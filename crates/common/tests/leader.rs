@@ -137,14 +137,20 @@ async fn a_leader_whose_lease_was_taken_stops_holding() {
     assert_eq!(a.try_acquire_or_renew().await.expect("a"), Attempt::Held);
     let hold = tokio::spawn(async move { a.hold().await });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Somebody overwrites the Lease (a forced takeover).
-    let mut lease = api.get("l").await.expect("lease");
-    if let Some(spec) = lease.spec.as_mut() {
-        spec.holder_identity = Some("intruder".into());
+    // Somebody overwrites the Lease (a forced takeover). The holder renews
+    // it meanwhile: a write that meets a renewal (409) reads it again.
+    let mut attempts = 0;
+    loop {
+        let mut lease = api.get("l").await.expect("lease");
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = Some("intruder".into());
+        }
+        match api.replace("l", &PostParams::default(), &lease).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(e)) if e.code == 409 && attempts < 10 => attempts += 1,
+            Err(e) => panic!("overwrite: {e}"),
+        }
     }
-    api.replace("l", &PostParams::default(), &lease)
-        .await
-        .expect("overwrite");
     let lost = tokio::time::timeout(Duration::from_secs(10), hold)
         .await
         .expect("hold returns")
