@@ -96,6 +96,7 @@ fn code(text: &str) -> String {
 /// The modules of `modules` that `module`'s `code` refers to.
 fn references(module: &str, code: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
     let here: Vec<&str> = module.split("::").collect();
+    let children = declared_children(code);
     let mut found = BTreeSet::new();
     let resolve = |segments: &[String]| -> Option<String> {
         (1..=segments.len())
@@ -121,7 +122,7 @@ fn references(module: &str, code: &str, modules: &BTreeSet<String>) -> BTreeSet<
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            child if declares_child(code, child) => here
+            child if children.contains(child) => here
                 .iter()
                 .map(|s| s.to_string())
                 .chain([child.to_string()])
@@ -149,20 +150,19 @@ fn references(module: &str, code: &str, modules: &BTreeSet<String>) -> BTreeSet<
     found
 }
 
-/// Whether `code` declares `child` as a module of its own (`mod child;`).
-fn declares_child(code: &str, child: &str) -> bool {
-    !child.is_empty()
-        && code.lines().any(|line| {
+/// The modules `code` declares as its own (`mod child;`).
+fn declared_children(code: &str) -> BTreeSet<&str> {
+    code.lines()
+        .filter_map(|line| {
             let line = line.trim();
             let line = line
                 .strip_prefix("pub(crate) ")
                 .or_else(|| line.strip_prefix("pub(super) "))
                 .or_else(|| line.strip_prefix("pub "))
                 .unwrap_or(line);
-            line.strip_prefix("mod ")
-                .and_then(|rest| rest.strip_suffix(';'))
-                .is_some_and(|name| name.trim() == child)
+            line.strip_prefix("mod ")?.strip_suffix(';').map(str::trim)
         })
+        .collect()
 }
 
 /// The paths that `rest` (the text after `base::`) spells: one for
